@@ -1,0 +1,127 @@
+"""Every span attribute key, span name and marker stepfork_otel writes or reads.
+
+One module, so the boundaries (which write spans), the span -> event conversion (which reads
+them, from a live processor or from a collector's file) and the docs cannot drift apart. No other
+module spells an attribute key as a string literal.
+
+Three families of keys are written on each boundary span:
+
+* ``stepfork.*`` -- what replay needs: call kind and sequence number, replay policy, the redacted
+  canonical payloads as JSON strings, their SHA-256 fingerprints and sizes, outcome.
+* ``gen_ai.*`` -- OpenTelemetry GenAI semantic conventions, so any OTel backend understands the
+  span without knowing stepfork.
+* ``openinference.span.kind`` / ``input.value`` / ``output.value`` -- OpenInference, so Phoenix and
+  Langfuse show the spans natively.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: Name of the instrumentation scope (the tracer name) used for every stepfork span.
+INSTRUMENTATION_NAME: Final = "stepfork_otel"
+
+#: Version of the `.sftrace` bundle format this library writes.
+FORMAT_VERSION: Final = 1
+#: Value of the ``format`` field of every bundle.
+FORMAT_NAME: Final = "sftrace"
+#: File name suffix of a bundle.
+BUNDLE_SUFFIX: Final = ".sftrace"
+
+# --- stepfork.* -------------------------------------------------------------------------------
+
+#: What the span is: ``run`` (the recording root), ``tool`` or ``llm`` (a boundary call).
+KIND: Final = "stepfork.kind"
+#: Position of the call among the calls started in this trace by this process (run root is 0).
+CALL_SEQ: Final = "stepfork.call.seq"
+#: Per-call replay policy recorded with the call (see ``stepfork_otel.trace.policy``).
+REPLAY_POLICY: Final = "stepfork.replay.policy"
+#: Redacted canonical JSON of the call input (tool arguments, LLM request, run input).
+INPUT: Final = "stepfork.input"
+#: SHA-256 (hex) of the UTF-8 bytes of the redacted canonical input.
+INPUT_SHA256: Final = "stepfork.input.sha256"
+#: Size in bytes of the redacted canonical input.
+INPUT_SIZE: Final = "stepfork.input.size"
+#: Why the input is not on the span: ``size_cap`` or ``capture_disabled``.
+INPUT_OMITTED: Final = "stepfork.input.omitted"
+#: First characters of the redacted canonical input, present when the input was left off.
+INPUT_PREVIEW: Final = "stepfork.input.preview"
+#: Redacted canonical JSON of the call output (tool return value, LLM response, run output).
+OUTPUT: Final = "stepfork.output"
+#: SHA-256 (hex) of the UTF-8 bytes of the redacted canonical output.
+OUTPUT_SHA256: Final = "stepfork.output.sha256"
+#: Size in bytes of the redacted canonical output.
+OUTPUT_SIZE: Final = "stepfork.output.size"
+#: Why the output is not on the span: ``size_cap`` or ``capture_disabled``.
+OUTPUT_OMITTED: Final = "stepfork.output.omitted"
+#: First characters of the redacted canonical output, present when the output was left off.
+OUTPUT_PREVIEW: Final = "stepfork.output.preview"
+#: Outcome of the call: ``ok``, ``error`` or ``skipped`` (rejected before its body ran).
+STATUS: Final = "stepfork.status"
+#: Qualified type name of the exception the call raised.
+ERROR_TYPE: Final = "stepfork.error.type"
+#: The exception message after redaction.
+ERROR_MESSAGE: Final = "stepfork.error.message"
+#: SHA-256 of the canonical ``{provider, model, operation}`` of an LLM call.
+MODEL_FINGERPRINT: Final = "stepfork.llm.model_fingerprint"
+#: Name of the run (the recording root), e.g. the agent's name.
+RUN_NAME: Final = "stepfork.run.name"
+#: Set to true on a run that a gateway collector's tail sampling should keep.
+RUN_KEEP: Final = "stepfork.run.keep"
+#: ``module:function`` the run was recorded from, shown as a hint to copy (never executed).
+RUN_ENTRYPOINT: Final = "stepfork.run.entrypoint"
+#: Replay mode of the session that produced this span (only on replay runs).
+REPLAY_MODE: Final = "stepfork.replay.mode"
+#: What replay did with the call: ``substituted``, ``executed`` or ``rejected``.
+REPLAY_ACTION: Final = "stepfork.replay.action"
+#: Version of stepfork_otel that wrote the span.
+SDK_VERSION: Final = "stepfork.sdk.version"
+
+# --- OpenTelemetry GenAI semantic conventions ---------------------------------------------------
+
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
+GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+
+#: ``gen_ai.operation.name`` values.
+OP_EXECUTE_TOOL: Final = "execute_tool"
+OP_CHAT: Final = "chat"
+OP_INVOKE_AGENT: Final = "invoke_agent"
+
+# --- OpenInference -----------------------------------------------------------------------------
+
+OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"
+INPUT_VALUE: Final = "input.value"
+INPUT_MIME_TYPE: Final = "input.mime_type"
+OUTPUT_VALUE: Final = "output.value"
+OUTPUT_MIME_TYPE: Final = "output.mime_type"
+MIME_JSON: Final = "application/json"
+
+# --- OTel exception event (the sanitised one stepfork writes instead of record_exception) -------
+
+EXCEPTION_EVENT: Final = "exception"
+EXCEPTION_TYPE: Final = "exception.type"
+EXCEPTION_MESSAGE: Final = "exception.message"
+
+# --- values ------------------------------------------------------------------------------------
+
+KIND_RUN: Final = "run"
+KIND_TOOL: Final = "tool"
+KIND_LLM: Final = "llm"
+
+OMITTED_SIZE_CAP: Final = "size_cap"
+OMITTED_CAPTURE_DISABLED: Final = "capture_disabled"
+
+STATUS_OK: Final = "ok"
+STATUS_ERROR: Final = "error"
+STATUS_SKIPPED: Final = "skipped"
+
+#: Number of characters kept in a preview.
+PREVIEW_CHARS: Final = 256
+#: Default cap (bytes of canonical JSON) above which a payload is left off the span.
+DEFAULT_MAX_SPAN_PAYLOAD_BYTES: Final = 64 * 1024

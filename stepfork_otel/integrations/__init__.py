@@ -1,0 +1,1 @@
+"""Optional wrappers for LLM client libraries (none required)."""

@@ -1,0 +1,1 @@
+"""OpenTelemetry glue: span <-> event conversion, the bundle processor, set-up, OTLP import."""

@@ -1,0 +1,109 @@
+"""Attaching stepfork to OpenTelemetry: ``configure()`` and the embedded default provider.
+
+Three situations, three behaviours:
+
+* **The application has an SDK ``TracerProvider``** (its own exporters, sampler, resource):
+  stepfork adds a :class:`SftraceSpanProcessor` to it and nothing else. Its exporters receive the
+  stepfork spans too.
+* **No provider is set yet** (the API's proxy provider): stepfork installs the *embedded default*,
+  an SDK ``TracerProvider`` with the bundle processor and no exporter (no network). The
+  application can still add processors to it (``trace.get_tracer_provider().add_span_processor``).
+* **A provider that is not the SDK's** (an explicit ``NoOpTracerProvider``, a vendor's own
+  implementation): processors cannot be added to it. stepfork then records on a *private* SDK
+  provider, so bundles are still written, and logs a warning: those spans do not reach the
+  application's provider or exporters.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+
+from stepfork_otel.otel.processor import SftraceSpanProcessor
+from stepfork_otel.record import settings as _settings
+from stepfork_otel.trace.redaction import Redactor
+
+logger = logging.getLogger("stepfork_otel")
+_lock = threading.RLock()
+
+
+def _attach(provider: trace_api.TracerProvider | None, processor: SftraceSpanProcessor) -> None:
+    target = provider if provider is not None else trace_api.get_tracer_provider()
+    if isinstance(target, TracerProvider):
+        target.add_span_processor(processor)
+        _settings.set_tracer_provider(provider)
+        return
+    if provider is None and isinstance(target, trace_api.ProxyTracerProvider):
+        embedded = TracerProvider(resource=Resource.create({}))
+        embedded.add_span_processor(processor)
+        trace_api.set_tracer_provider(embedded)
+        if trace_api.get_tracer_provider() is embedded:
+            _settings.set_tracer_provider(None)
+            return
+        target = trace_api.get_tracer_provider()  # another thread won the race: use theirs
+        if isinstance(target, TracerProvider):
+            target.add_span_processor(processor)
+            _settings.set_tracer_provider(None)
+            return
+    logger.warning(
+        "stepfork_otel: the tracer provider %s is not an OpenTelemetry SDK TracerProvider; "
+        "recording on a private SDK provider (bundles are written, but stepfork spans do not "
+        "reach this provider's exporters)",
+        type(target).__name__,
+    )
+    private = TracerProvider(resource=Resource.create({}))
+    private.add_span_processor(processor)
+    _settings.set_tracer_provider(private)
+
+
+def configure(
+    directory: str | Path | None = None,
+    *,
+    tracer_provider: trace_api.TracerProvider | None = None,
+    redactor: Redactor | None = None,
+    max_span_payload_bytes: int | None = None,
+    capture_content: bool | None = None,
+    max_open_traces: int = 1000,
+    max_spans_per_trace: int = 10_000,
+) -> SftraceSpanProcessor:
+    """Attach stepfork to OpenTelemetry and set recording options; returns the bundle processor.
+
+    ``directory``: where every trace holding boundary spans is written as ``<trace_id>.sftrace``
+    when its local root span ends (``record(path)`` runs go to their own path). Calling
+    ``configure`` again replaces the options and, if ``directory`` or ``tracer_provider`` is given,
+    the processor.
+    """
+    changes: dict[str, object] = {}
+    if redactor is not None:
+        changes["redactor"] = redactor
+    if max_span_payload_bytes is not None:
+        if max_span_payload_bytes < 0:
+            raise ValueError("max_span_payload_bytes must be >= 0")
+        changes["max_span_payload_bytes"] = max_span_payload_bytes
+    if capture_content is not None:
+        changes["capture_content"] = capture_content
+    if changes:
+        _settings.update_settings(**changes)
+    with _lock:
+        current = _settings.bundle_processor
+        if current is not None and directory is None and tracer_provider is None:
+            return current
+        if current is not None:
+            current.shutdown()  # detaches from the side channel; the provider keeps a no-op
+        processor = SftraceSpanProcessor(
+            directory, max_open_traces=max_open_traces, max_spans_per_trace=max_spans_per_trace
+        )
+        _attach(tracer_provider, processor)
+        _settings.bundle_processor = processor
+        return processor
+
+
+def ensure_bundle_processor() -> SftraceSpanProcessor:
+    """The configured bundle processor, configuring the defaults first if needed."""
+    processor = _settings.bundle_processor
+    return processor if processor is not None else configure()

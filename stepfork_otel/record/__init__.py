@@ -1,0 +1,1 @@
+"""Boundaries (``trace_tool``, ``llm_request``), the recording context and recording settings."""

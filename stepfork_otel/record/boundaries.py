@@ -1,0 +1,435 @@
+"""The boundaries: ``@trace_tool``, ``llm_request`` and ``allm_request``.
+
+This is the one interception point of stepfork_otel. Recording and replay go through the same
+code: a call is normalised, redacted, canonicalised and fingerprinted; a span is opened; *then*,
+before the body could run, the active replay session (if any) decides whether the body runs, is
+substituted from the recording, or is refused. Whatever happens is written on the span, so a
+replay run is traced like any other run.
+
+Two error regimes meet here. A failure of stepfork's own recording work (an attribute that cannot
+be set, a value that cannot be encoded) is logged by ``handle_internal_errors`` and the user's call
+proceeds. A replay error (mismatch, policy) is raised on purpose, before the body runs. The user's
+own exceptions are recorded -- type and *redacted* message only, because OTel's
+``record_exception`` would copy the raw message, secrets included -- and re-raised unchanged.
+
+Only the OpenTelemetry API is imported here: an application without an SDK pays for no-op spans.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import threading
+import time
+import typing
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar, overload
+
+from opentelemetry import trace as trace_api
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from stepfork_otel import constants as k
+from stepfork_otel import _internal
+from stepfork_otel._internal import handle_internal_errors, log_internal_error
+from stepfork_otel.record import settings as _settings
+from stepfork_otel.record.payload import Payload, capture
+from stepfork_otel.replay.context import BoundaryCall, ReplayDecision, current_session
+from stepfork_otel.trace.canonical import canonical_json, sha256_hex
+from stepfork_otel.trace.policy import ReplayPolicy
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# --- call numbering ------------------------------------------------------------------------------
+# Each boundary span carries the number of the call within its trace, taken together with its
+# start time under one lock, so "the order in which calls started" is the same whether it is read
+# from timestamps or numbers, across threads and tasks, and survives batches arriving out of order.
+
+_seq_lock = threading.Lock()
+_seq_by_trace: OrderedDict[int, itertools.count[int]] = OrderedDict()
+_MAX_TRACKED_TRACES = 4096
+
+
+def next_call_number(trace_id: int) -> tuple[int, int]:
+    """(sequence number, start time in ns) for a new call in ``trace_id`` (0 = a new trace)."""
+    with _seq_lock:
+        counter = _seq_by_trace.get(trace_id)
+        if counter is None:
+            counter = _seq_by_trace[trace_id] = itertools.count(1)
+            if len(_seq_by_trace) > _MAX_TRACKED_TRACES:
+                _seq_by_trace.popitem(last=False)
+        else:
+            _seq_by_trace.move_to_end(trace_id)
+        return next(counter), time.time_ns()
+
+
+# --- side channel for the local bundle processor -------------------------------------------------
+# Payloads above the span size cap (or with capture off) are not on the span, but the local bundle
+# must keep them whole. The boundary hands them to the in-process processor through this table,
+# keyed by span id; the processor pops the entry when the span ends. Nothing is stored when no
+# bundle processor is attached, so nothing can pile up.
+
+_side_lock = threading.Lock()
+side_payloads: dict[int, dict[str, Payload]] = {}
+#: Incremented by each attached SftraceSpanProcessor (payloads are only kept while one listens).
+side_channel_listeners = 0
+
+
+def _keep_payload(span: Span, key: str, payload: Payload) -> None:
+    if side_channel_listeners:
+        span_id = span.get_span_context().span_id
+        with _side_lock:
+            side_payloads.setdefault(span_id, {})[key] = payload
+
+
+def set_payload_attributes(span: Span, key: str, payload: Payload) -> None:
+    """Write a payload on a span: text, fingerprint and size, or -- over the size cap or with
+    capture off -- fingerprint, size and why the text was left off (plus a preview under the cap)."""
+    settings = _settings.settings()
+    is_input = key == k.INPUT
+    span.set_attribute(k.INPUT_SHA256 if is_input else k.OUTPUT_SHA256, payload.sha256)
+    span.set_attribute(k.INPUT_SIZE if is_input else k.OUTPUT_SIZE, payload.size)
+    _keep_payload(span, key, payload)
+    if not settings.capture_content:
+        span.set_attribute(
+            k.INPUT_OMITTED if is_input else k.OUTPUT_OMITTED, k.OMITTED_CAPTURE_DISABLED
+        )
+        return
+    if payload.size > settings.max_span_payload_bytes:
+        span.set_attribute(k.INPUT_OMITTED if is_input else k.OUTPUT_OMITTED, k.OMITTED_SIZE_CAP)
+        preview = payload.text[: k.PREVIEW_CHARS]
+        span.set_attribute(k.INPUT_PREVIEW if is_input else k.OUTPUT_PREVIEW, preview)
+        return
+    span.set_attribute(key, payload.text)
+    span.set_attribute(k.INPUT_VALUE if is_input else k.OUTPUT_VALUE, payload.text)
+    span.set_attribute(k.INPUT_MIME_TYPE if is_input else k.OUTPUT_MIME_TYPE, k.MIME_JSON)
+
+
+def record_failure(span: Span, exc: BaseException) -> None:
+    """Mark a span failed with the exception's type and *redacted* message (never the raw one)."""
+    error_type = qualified_name(type(exc))
+    message = _settings.settings().redactor.redact_message(str(exc))
+    span.set_attribute(k.STATUS, k.STATUS_ERROR)
+    span.set_attribute(k.ERROR_TYPE, error_type)
+    span.set_attribute(k.ERROR_MESSAGE, message)
+    span.add_event(
+        k.EXCEPTION_EVENT, {k.EXCEPTION_TYPE: error_type, k.EXCEPTION_MESSAGE: message}
+    )
+    span.set_status(Status(StatusCode.ERROR, f"{error_type}: {message}"))
+
+
+def qualified_name(cls: type) -> str:
+    module = cls.__module__
+    return cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
+
+
+def model_fingerprint(provider: str, model: str, operation: str) -> str:
+    """SHA-256 of the canonical ``{"model", "operation", "provider"}`` of an LLM call."""
+    return sha256_hex(canonical_json({"provider": provider, "model": model, "operation": operation}))
+
+
+# --- the one interception point ------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Prepared:
+    call: BoundaryCall
+    span_name: str
+    span_kind: SpanKind
+    attributes: dict[str, Any]
+
+
+def _prepare_tool(name: str, policy: ReplayPolicy, arguments: dict[str, Any], output_type: Any) -> _Prepared:
+    payload = capture(arguments, _settings.settings().redactor)
+    call = BoundaryCall("tool", name, payload, policy, output_type=output_type)
+    attributes = {
+        k.KIND: k.KIND_TOOL,
+        k.REPLAY_POLICY: policy.value,
+        k.GEN_AI_OPERATION_NAME: k.OP_EXECUTE_TOOL,
+        k.GEN_AI_TOOL_NAME: name,
+        k.OPENINFERENCE_SPAN_KIND: "TOOL",
+    }
+    return _Prepared(call, f"{k.OP_EXECUTE_TOOL} {name}", SpanKind.INTERNAL, attributes)
+
+
+def _prepare_llm(
+    provider: str, model: str, operation: str, request: Any, policy: ReplayPolicy, output_type: Any
+) -> _Prepared:
+    payload = capture(request, _settings.settings().redactor)
+    fingerprint = model_fingerprint(provider, model, operation)
+    call = BoundaryCall(
+        "llm", model, payload, policy, provider=provider, model=model, operation=operation,
+        model_fingerprint=fingerprint, output_type=output_type,
+    )
+    attributes = {
+        k.KIND: k.KIND_LLM,
+        k.REPLAY_POLICY: policy.value,
+        k.GEN_AI_OPERATION_NAME: operation,
+        k.GEN_AI_PROVIDER_NAME: provider,
+        k.GEN_AI_REQUEST_MODEL: model,
+        k.MODEL_FINGERPRINT: fingerprint,
+        k.OPENINFERENCE_SPAN_KIND: "LLM",
+    }
+    return _Prepared(call, f"{operation} {model}", SpanKind.CLIENT, attributes)
+
+
+@contextmanager
+def _boundary_span(prepared: _Prepared) -> Iterator[Span]:
+    parent = trace_api.get_current_span().get_span_context()
+    seq, start = next_call_number(parent.trace_id if parent.is_valid else 0)
+    prepared.attributes[k.CALL_SEQ] = seq
+    with _settings.tracer().start_as_current_span(
+        prepared.span_name,
+        kind=prepared.span_kind,
+        attributes=prepared.attributes,
+        start_time=start,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        with handle_internal_errors("writing the call input on its span"):
+            set_payload_attributes(span, k.INPUT, prepared.call.input)
+        yield span
+
+
+def _decide(prepared: _Prepared, span: Span) -> ReplayDecision | None:
+    """Ask the active replay session (if any) what to do; a refusal is written on the span and
+    raised. Returns None outside replay."""
+    session = current_session.get()
+    if session is None:
+        return None
+    span.set_attribute(k.REPLAY_MODE, session.mode.value)
+    try:
+        decision = session.begin_call(prepared.call)
+    except BaseException as exc:
+        span.set_attribute(k.REPLAY_ACTION, "rejected")
+        record_failure(span, exc)
+        span.set_attribute(k.STATUS, k.STATUS_SKIPPED)
+        raise
+    span.set_attribute(k.REPLAY_ACTION, decision.action)
+    return decision
+
+
+def _finish_substituted(span: Span, decision: ReplayDecision) -> Any:
+    with handle_internal_errors("writing a substituted output on its span"):
+        if decision.output is not None:
+            set_payload_attributes(span, k.OUTPUT, decision.output)
+    if decision.error is not None:
+        record_failure(span, decision.error)
+        raise decision.error
+    span.set_attribute(k.STATUS, k.STATUS_OK)
+    return decision.value
+
+
+def _finish_ok(span: Span, prepared: _Prepared, result: Any, decision: ReplayDecision | None) -> None:
+    payload: Payload | None = None
+    with handle_internal_errors("recording a call output"):
+        payload = capture(result, _settings.settings().redactor)
+        set_payload_attributes(span, k.OUTPUT, payload)
+        span.set_attribute(k.STATUS, k.STATUS_OK)
+        if prepared.call.kind == "llm":
+            _set_usage(span, result)
+    if decision is not None:
+        current_session_end(decision, payload, None)
+
+
+def _finish_error(span: Span, exc: BaseException, decision: ReplayDecision | None) -> None:
+    with handle_internal_errors("recording a call failure"):
+        record_failure(span, exc)
+    if decision is not None:
+        current_session_end(decision, None, exc)
+
+
+def current_session_end(decision: ReplayDecision, output: Payload | None, error: BaseException | None) -> None:
+    session = current_session.get()
+    if session is not None:
+        session.end_call(decision, output, error)
+
+
+def _prepare_or_log(build: Callable[[], _Prepared]) -> _Prepared | None:
+    try:
+        return build()
+    except Exception:
+        if _internal.RAISE_INTERNAL_ERRORS or current_session.get() is not None:
+            # Inside a replay session an unrecordable call cannot be matched; running it live
+            # instead would be exactly the silent fallback replay promises never to make.
+            raise
+        log_internal_error("preparing a boundary call")
+        return None
+
+
+def _run_sync(prepared: _Prepared | None, body: Callable[[], R]) -> R:
+    if prepared is None:
+        return body()
+    with _boundary_span(prepared) as span:
+        decision = _decide(prepared, span)
+        if decision is not None and decision.action == "substituted":
+            return typing.cast(R, _finish_substituted(span, decision))
+        try:
+            result = body()
+        except BaseException as exc:
+            _finish_error(span, exc, decision)
+            raise
+        _finish_ok(span, prepared, result, decision)
+        return result
+
+
+async def _run_async(prepared: _Prepared | None, body: Callable[[], Awaitable[R]]) -> R:
+    if prepared is None:
+        return await body()
+    with _boundary_span(prepared) as span:
+        decision = _decide(prepared, span)
+        if decision is not None and decision.action == "substituted":
+            return typing.cast(R, _finish_substituted(span, decision))
+        try:
+            result = await body()
+        except BaseException as exc:
+            _finish_error(span, exc, decision)
+            raise
+        _finish_ok(span, prepared, result, decision)
+        return result
+
+
+def _set_usage(span: Span, response: Any) -> None:
+    usage = response.get("usage") if isinstance(response, dict) else getattr(response, "usage", None)
+    if usage is None:
+        return
+    for attribute, names in (
+        (k.GEN_AI_USAGE_INPUT_TOKENS, ("input_tokens", "prompt_tokens")),
+        (k.GEN_AI_USAGE_OUTPUT_TOKENS, ("output_tokens", "completion_tokens")),
+    ):
+        for name in names:
+            value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                span.set_attribute(attribute, value)
+                break
+
+
+# --- public API ----------------------------------------------------------------------------------
+
+
+def _tool_arguments(signature: inspect.Signature, skip_first: bool, args: Any, kwargs: Any) -> dict[str, Any]:
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    if skip_first:
+        arguments.pop(next(iter(signature.parameters)), None)
+    return arguments
+
+
+def _return_type(fn: Callable[..., Any]) -> Any:
+    try:
+        return typing.get_type_hints(fn).get("return")
+    except Exception:  # unresolvable forward references: replay returns plain JSON values
+        return None
+
+
+@overload
+def trace_tool(fn: Callable[P, R], /) -> Callable[P, R]: ...
+
+
+@overload
+def trace_tool(
+    *, name: str | None = None, replay_policy: ReplayPolicy | str = ReplayPolicy.REPLAYABLE
+) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+
+def trace_tool(
+    fn: Callable[P, R] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    replay_policy: ReplayPolicy | str = ReplayPolicy.REPLAYABLE,
+) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
+    """Record every call of a tool function (sync or ``async def``) as a boundary span.
+
+    Arguments are normalised with ``inspect.signature(fn).bind(...)`` and ``apply_defaults()``, so
+    defaulted parameters are part of the recorded input. A first parameter named ``self`` or
+    ``cls`` is left out. ``replay_policy`` is recorded with every call and enforced during replay
+    (see :class:`~stepfork_otel.trace.policy.ReplayPolicy`).
+    """
+    policy = ReplayPolicy.parse(replay_policy)
+
+    def decorate(func: Callable[P, R]) -> Callable[P, R]:
+        if not callable(func):
+            raise TypeError(f"@trace_tool expects a function, got {type(func).__name__}")
+        tool_name = name or func.__name__
+        signature = inspect.signature(func)
+        params = list(signature.parameters)
+        skip_first = bool(params) and params[0] in ("self", "cls")
+        resolved: list[Any] = []
+
+        def output_type() -> Any:
+            if not resolved:  # resolved on first call: forward references may not exist earlier
+                resolved.append(_return_type(func))
+            return resolved[0]
+
+        def prepare(args: Any, kwargs: Any) -> _Prepared | None:
+            try:
+                arguments = _tool_arguments(signature, skip_first, args, kwargs)
+            except TypeError:
+                return None  # the call itself is wrong: let the function raise its own TypeError
+            return _prepare_or_log(lambda: _prepare_tool(tool_name, policy, arguments, output_type()))
+
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+                return await _run_async(prepare(args, kwargs), lambda: func(*args, **kwargs))  # type: ignore[arg-type]
+
+            return typing.cast(Callable[P, R], async_wrapper)
+
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            return _run_sync(prepare(args, kwargs), lambda: func(*args, **kwargs))
+
+        return wrapper
+
+    if fn is not None:
+        return decorate(fn)
+    return decorate
+
+
+def llm_request(
+    *,
+    provider: str,
+    model: str,
+    input: Any,
+    call: Callable[[], R],
+    operation: str = "chat",
+    response_type: Any = None,
+    replay_policy: ReplayPolicy | str = ReplayPolicy.REPLAYABLE,
+) -> R:
+    """Make one LLM call through a boundary: ``call()`` performs it, ``input`` is the request
+    payload (the prompt) that is recorded and matched. In frozen replay ``call`` is never invoked.
+
+    ``response_type`` (optional) is the type a substituted response is rebuilt into (e.g. the
+    client's pydantic response model); without it replay returns the recorded JSON value.
+    """
+    policy = ReplayPolicy.parse(replay_policy)
+    prepared = _prepare_or_log(
+        lambda: _prepare_llm(provider, model, operation, input, policy, response_type)
+    )
+    return _run_sync(prepared, call)
+
+
+async def allm_request(
+    *,
+    provider: str,
+    model: str,
+    input: Any,
+    call: Callable[[], Awaitable[R]],
+    operation: str = "chat",
+    response_type: Any = None,
+    replay_policy: ReplayPolicy | str = ReplayPolicy.REPLAYABLE,
+) -> R:
+    """``llm_request`` for async clients: ``call()`` returns an awaitable."""
+    policy = ReplayPolicy.parse(replay_policy)
+    prepared = _prepare_or_log(
+        lambda: _prepare_llm(provider, model, operation, input, policy, response_type)
+    )
+    return await _run_async(prepared, call)
+

@@ -1,0 +1,50 @@
+"""A value crossing a boundary, turned into what is recorded: redacted canonical JSON + SHA-256.
+
+This is the hot path of recording (twice per call: input and output), so it does the least work
+that keeps the guarantees: one orjson encode, one cheap redaction pre-check on the text, one hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from stepfork_otel.trace.canonical import (
+    UnserialisableError,
+    canonical_bytes,
+    unserialisable_marker,
+)
+from stepfork_otel.trace.redaction import Redactor
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """A recorded payload: the redacted canonical JSON text and its fingerprint."""
+
+    text: str
+    sha256: str
+    size: int
+    """Size of ``text`` in UTF-8 bytes."""
+    unserialisable: bool = False
+    """True when the value had no canonical JSON form and ``text`` is the marker object."""
+
+    @classmethod
+    def from_text(cls, text: str) -> Payload:
+        data = text.encode("utf-8")
+        return cls(text, hashlib.sha256(data).hexdigest(), len(data))
+
+
+def capture(value: Any, redactor: Redactor) -> Payload:
+    """Redacted canonical JSON of ``value`` and its fingerprint."""
+    unserialisable = False
+    try:
+        raw = canonical_bytes(value)
+    except UnserialisableError as exc:
+        raw = canonical_bytes(unserialisable_marker(value, str(exc)))
+        unserialisable = True
+    text = raw.decode("utf-8")
+    redacted = redactor.redact_canonical(text)
+    if redacted is not text:
+        raw = redacted.encode("utf-8")
+    return Payload(redacted, hashlib.sha256(raw).hexdigest(), len(raw), unserialisable)

@@ -1,0 +1,168 @@
+"""``record(...)``: one run of an agent, kept as one `.sftrace` bundle.
+
+The run is a root span (``invoke_agent {name}``) under which every boundary span of the run hangs,
+so a collector's copy of the spans can be grouped back into this run by trace id. The bundle is
+written by the :class:`~stepfork_otel.otel.processor.SftraceSpanProcessor` when the run span ends;
+``record`` itself only opens and closes the span and tells the processor where the bundle goes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from opentelemetry import context as context_api
+from opentelemetry import trace as trace_api
+from opentelemetry.trace import Span, SpanKind
+
+from stepfork_otel import constants as k
+from stepfork_otel._internal import handle_internal_errors
+from stepfork_otel.record import settings as _settings
+from stepfork_otel.record.boundaries import next_call_number, record_failure, set_payload_attributes
+from stepfork_otel.record.payload import capture
+from stepfork_otel.trace.models import Trace
+
+_UNSET: Any = object()
+
+
+class RunRecorder:
+    """A run being recorded. Use as ``with record(...) as run:`` or ``async with``."""
+
+    def __init__(
+        self,
+        destination: str | os.PathLike[str] | None = None,
+        *,
+        input: Any = _UNSET,
+        name: str = "agent",
+        entrypoint: str | None = None,
+        keep: bool = False,
+    ) -> None:
+        self._destination = destination
+        self._input = input
+        self._output: Any = _UNSET
+        self.name = name
+        self.entrypoint = entrypoint
+        self._keep = keep
+        self._span: Span | None = None
+        self._token: object | None = None
+        self.trace_id: str | None = None
+        """Hex trace id of the run (set on entry)."""
+        self.path: Path | None = None
+        """Where the bundle is written when the run ends (None if no bundle processor)."""
+
+    # -- what the agent calls --------------------------------------------------------------------
+
+    def set_output(self, output: Any) -> None:
+        """Record the run's final output (redacted like every payload); the CLI compares it."""
+        self._output = output
+
+    def keep(self) -> None:
+        """Mark the run for a gateway collector's tail sampling (``stepfork.run.keep = true``)."""
+        self._keep = True
+        if self._span is not None:
+            self._span.set_attribute(k.RUN_KEEP, True)
+
+    @property
+    def trace(self) -> Trace:
+        """The bundle written for this run (after the ``with`` block)."""
+        if self.path is None:
+            raise RuntimeError("this run has no bundle (still running, or no bundle processor)")
+        return Trace.load(self.path)
+
+    # -- context manager -------------------------------------------------------------------------
+
+    def __enter__(self) -> RunRecorder:
+        from stepfork_otel import __version__
+        from stepfork_otel.otel.setup import ensure_bundle_processor
+
+        processor = None
+        with handle_internal_errors("attaching the bundle processor"):
+            processor = ensure_bundle_processor()
+        parent = trace_api.get_current_span().get_span_context()
+        _, start = next_call_number(parent.trace_id if parent.is_valid else 0)
+        attributes: dict[str, Any] = {
+            k.KIND: k.KIND_RUN,
+            k.CALL_SEQ: 0,
+            k.RUN_NAME: self.name,
+            k.GEN_AI_OPERATION_NAME: k.OP_INVOKE_AGENT,
+            k.GEN_AI_AGENT_NAME: self.name,
+            k.OPENINFERENCE_SPAN_KIND: "AGENT",
+            k.SDK_VERSION: f"stepfork_otel {__version__}",
+        }
+        if self.entrypoint:
+            attributes[k.RUN_ENTRYPOINT] = self.entrypoint
+        if self._keep:
+            attributes[k.RUN_KEEP] = True
+        span = _settings.tracer().start_span(
+            f"{k.OP_INVOKE_AGENT} {self.name}",
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+            start_time=start,
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+        self._span = span
+        self._token = context_api.attach(trace_api.set_span_in_context(span))
+        span_context = span.get_span_context()
+        self.trace_id = format(span_context.trace_id, "032x")
+        with handle_internal_errors("recording the run input"):
+            if self._input is not _UNSET:
+                set_payload_attributes(span, k.INPUT, capture(self._input, _settings.settings().redactor))
+        if processor is not None and span_context.is_valid:
+            with handle_internal_errors("registering the bundle destination"):
+                self.path = processor.set_destination(span_context.trace_id, self._destination)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        span = self._span
+        if span is None:
+            return
+        with handle_internal_errors("recording the run outcome"):
+            if self._output is not _UNSET:
+                set_payload_attributes(span, k.OUTPUT, capture(self._output, _settings.settings().redactor))
+            if exc is not None:
+                record_failure(span, exc)
+            else:
+                span.set_attribute(k.STATUS, k.STATUS_OK)
+        if self._token is not None:
+            context_api.detach(self._token)  # type: ignore[arg-type]
+            self._token = None
+        span.end()  # the processor writes the bundle here
+        if self.path is not None and not self.path.exists():
+            self.path = None
+
+    async def __aenter__(self) -> RunRecorder:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+def record(
+    destination: str | os.PathLike[str] | None = None,
+    *,
+    input: Any = _UNSET,
+    name: str = "agent",
+    entrypoint: str | None = None,
+    keep: bool = False,
+) -> RunRecorder:
+    """Record one run into a bundle.
+
+    ``destination`` is a file path (``failure.sftrace``) or an existing directory (the bundle is
+    named after the trace id); None uses the directory given to ``configure()``. ``input`` (any
+    JSON-able value) is stored redacted. Works with no prior configuration: when no SDK
+    ``TracerProvider`` is set, the embedded default is installed.
+    """
+    return RunRecorder(destination, input=input, name=name, entrypoint=entrypoint, keep=keep)

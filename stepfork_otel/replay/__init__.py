@@ -1,0 +1,1 @@
+"""Replay: the plan built from a bundle, the session, matching and the replay errors."""

@@ -1,0 +1,221 @@
+"""What a recorded run is: the `.sftrace` data model.
+
+A :class:`Trace` is one run: its input and output, the ordered list of boundary events (every call
+followed, in order of start, by the calls made inside it, and each call's outcome) and the user's
+own spans around them, kept as context. Events form a discriminated union on ``type`` with one
+module-level :class:`~pydantic.TypeAdapter`, so a bundle round-trips through one code path.
+
+Payloads (``input`` / ``output``) are kept as the exact canonical JSON *text* that was hashed:
+verifying a fingerprint is then one SHA-256 over the stored string, and loading a large bundle never
+re-serialises or even parses the payloads. Use :func:`payload_value` to get the value back.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from stepfork_otel.constants import FORMAT_NAME, FORMAT_VERSION
+from stepfork_otel.trace.policy import ReplayPolicy
+
+Status = Literal["ok", "error", "skipped"]
+"""Outcome of a call: ``skipped`` means it was rejected before its body ran (replay runs)."""
+MissingReason = Literal["size_cap", "capture_disabled", "truncated", "not_recorded"]
+"""Why a payload is absent: left off the span by the size cap or by disabled content capture,
+cut by an OTel attribute length limit (the fingerprint disagreed), or never recorded."""
+ReplayAction = Literal["substituted", "executed", "rejected"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Event(_Model):
+    id: str
+    """Stable id within the bundle: ``call-<n>`` for a call, ``call-<n>.result``/``.error``."""
+    parent_id: str | None = None
+    """For a call: the enclosing call's id (nesting) or None at run level. For an outcome: its call."""
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None = None
+    """The OTel parent span (may be one of the user's own spans, see ``Trace.context``)."""
+    seq: int
+    """1-based position of the call in the run (outcome events carry their call's number)."""
+    status: Status = "ok"
+    replay_policy: ReplayPolicy = ReplayPolicy.REPLAYABLE
+    input_sha256: str | None = None
+    output_sha256: str | None = None
+    time_unix_nano: int = 0
+    """Start of the call (call events) or its end (outcome events)."""
+    replay_action: ReplayAction | None = None
+    """Set on events of a replay run: what replay did with the call."""
+
+
+class _CallEvent(_Event):
+    input: str | None = None
+    """Redacted canonical JSON of the input, exactly the text that ``input_sha256`` hashes."""
+    input_size: int | None = None
+    input_missing: MissingReason | None = None
+
+
+class _OutcomeEvent(_Event):
+    output: str | None = None
+    """Redacted canonical JSON of the output, exactly the text that ``output_sha256`` hashes."""
+    output_size: int | None = None
+    output_missing: MissingReason | None = None
+    duration_ns: int = 0
+
+
+class ToolCall(_CallEvent):
+    """A call of an ``@trace_tool`` function; ``input`` holds its normalised arguments."""
+
+    type: Literal["tool_call"] = "tool_call"
+    name: str
+
+
+class ToolResult(_OutcomeEvent):
+    """What a tool returned."""
+
+    type: Literal["tool_result"] = "tool_result"
+    name: str
+
+
+class LlmRequest(_CallEvent):
+    """An ``llm_request``/``allm_request`` call; ``input`` holds the request payload (the prompt)."""
+
+    type: Literal["llm_request"] = "llm_request"
+    provider: str
+    model: str
+    operation: str = "chat"
+    model_fingerprint: str | None = None
+    """SHA-256 of the canonical ``{"model", "operation", "provider"}``."""
+
+
+class LlmResponse(_OutcomeEvent):
+    """What an LLM call returned."""
+
+    type: Literal["llm_response"] = "llm_response"
+    provider: str
+    model: str
+    usage: dict[str, int] | None = None
+
+
+class ErrorEvent(_OutcomeEvent):
+    """A call that raised: the exception type and its redacted message. ``output`` holds the
+    canonical ``{"error_type", "message"}`` so the outcome is fingerprinted like any other."""
+
+    type: Literal["error"] = "error"
+    status: Status = "error"
+    error_type: str
+    message: str
+
+
+Event = Annotated[
+    Union[ToolCall, ToolResult, LlmRequest, LlmResponse, ErrorEvent], Field(discriminator="type")
+]
+CallEvent = Union[ToolCall, LlmRequest]
+OutcomeEvent = Union[ToolResult, LlmResponse, ErrorEvent]
+
+
+class ContextSpan(_Model):
+    """One of the user's own spans around the boundaries (names and timing only, no attributes:
+    they were not redacted by stepfork, so they are not copied into the bundle)."""
+
+    span_id: str
+    parent_span_id: str | None = None
+    name: str
+    kind: str = "INTERNAL"
+    start_time_unix_nano: int = 0
+    end_time_unix_nano: int = 0
+    status: Literal["unset", "ok", "error"] = "unset"
+
+
+class RunInfo(_Model):
+    """The run: the root span opened by ``record(...)`` (or the trace's local root)."""
+
+    name: str | None = None
+    span_id: str | None = None
+    entrypoint: str | None = None
+    """``module:function`` the run was recorded from: a hint to copy, never imported."""
+    input: str | None = None
+    input_sha256: str | None = None
+    input_missing: MissingReason | None = None
+    output: str | None = None
+    output_sha256: str | None = None
+    output_missing: MissingReason | None = None
+    status: Literal["ok", "error", "unset"] = "unset"
+    error_type: str | None = None
+    error_message: str | None = None
+    start_time_unix_nano: int = 0
+    end_time_unix_nano: int = 0
+    replay_mode: str | None = None
+    """Set when this run is itself a replay (its spans carried ``stepfork.replay.mode``)."""
+
+
+class Trace(_Model):
+    """One recorded run, as stored in a `.sftrace` bundle."""
+
+    format: Literal["sftrace"] = FORMAT_NAME
+    format_version: int = FORMAT_VERSION
+    trace_id: str
+    complete: bool = True
+    """False when the run did not finish (process shut down, span limit hit)."""
+    incomplete_reason: str | None = None
+    created_by: str | None = None
+    run: RunInfo = RunInfo()
+    events: list[Event] = []
+    context: list[ContextSpan] = []
+    dropped_spans: int = 0
+    """Spans of this trace the processor had to drop (per-trace cap)."""
+
+    # -- bundle IO (implemented in stepfork_otel.trace.bundle) ----------------------------------
+
+    @classmethod
+    def load(cls, path: str | Any) -> Trace:
+        """Load and validate a bundle. Raises :class:`~stepfork_otel.trace.bundle.BundleError`."""
+        from stepfork_otel.trace.bundle import load_trace
+
+        return load_trace(path)
+
+    def save(self, path: str | Any) -> None:
+        """Write the bundle atomically (temporary file + rename)."""
+        from stepfork_otel.trace.bundle import save_trace
+
+        save_trace(self, path)
+
+    @classmethod
+    def from_otlp_json(cls, source: Any, trace_id: str | None = None) -> Trace:
+        """Rebuild a bundle from OTLP JSON as a collector's file exporter wrote it."""
+        from stepfork_otel.otel.otlp_json import trace_from_otlp_json
+
+        return trace_from_otlp_json(source, trace_id=trace_id)
+
+    # -- views -----------------------------------------------------------------------------------
+
+    @property
+    def calls(self) -> list[CallEvent]:
+        """The call events, in order."""
+        return [e for e in self.events if isinstance(e, (ToolCall, LlmRequest))]
+
+    def outcome_of(self, call: CallEvent) -> OutcomeEvent | None:
+        """The outcome event paired with ``call`` (None: a missing result)."""
+        return _outcome_index(self).get(call.id)
+
+
+def _outcome_index(trace: Trace) -> dict[str, OutcomeEvent]:
+    index: dict[str, OutcomeEvent] = {}
+    for event in trace.events:
+        if isinstance(event, (ToolResult, LlmResponse, ErrorEvent)) and event.parent_id:
+            index.setdefault(event.parent_id, event)
+    return index
+
+
+def payload_value(text: str | None) -> Any:
+    """The JSON value of a stored payload (None when absent)."""
+    return None if text is None else orjson.loads(text)
+
+
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+TRACE_ADAPTER: TypeAdapter[Trace] = TypeAdapter(Trace)
