@@ -15,6 +15,7 @@ card is charged. Run it::
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -59,8 +60,12 @@ def book_flight(flight_id: str, passenger: str) -> dict[str, Any]:
                     raise SeatUnavailableError(
                         f"booking API (key {BOOKING_API_KEY}) refused {flight_id}: no seats left"
                     )
-                return {"booking_ref": f"PNR-{flight_id}-01", "flight_id": flight_id,
-                        "passenger": passenger, "price_eur": flight["price_eur"]}
+                return {
+                    "booking_ref": f"PNR-{flight_id}-01",
+                    "flight_id": flight_id,
+                    "passenger": passenger,
+                    "price_eur": flight["price_eur"],
+                }
     raise SeatUnavailableError(f"unknown flight {flight_id}")
 
 
@@ -73,7 +78,9 @@ class ScriptedLLM:
     """A deterministic stand-in for a chat model: reads the conversation, answers with a tool call
     or a final message in the OpenAI chat-completions response shape."""
 
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+    def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         last = messages[-1]
         if last["role"] == "user":
             city = "Paris" if "Paris" in last["content"] else "London"
@@ -81,25 +88,39 @@ class ScriptedLLM:
         result = json.loads(last["content"])
         if last["name"] == "search_flights":
             cheapest = min(result, key=lambda f: f["price_eur"])  # ignores seats_left
-            return self._tool_call("book_flight", {"flight_id": cheapest["flight_id"], "passenger": "Ada Lovelace"})
+            return self._tool_call(
+                "book_flight", {"flight_id": cheapest["flight_id"], "passenger": "Ada Lovelace"}
+            )
         if last["name"] == "book_flight":
             return self._tool_call("charge_card", {"amount": float(result["price_eur"])})
         return self._answer(f"Booked and paid: {result['status']}.")
 
     @staticmethod
     def _tool_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        call = {"id": f"call_{name}", "type": "function",
-                "function": {"name": name, "arguments": json.dumps(arguments, sort_keys=True)}}
-        return {"model": "gpt-4.1-mini", "choices": [{"message": {"role": "assistant", "tool_calls": [call]}}],
-                "usage": {"prompt_tokens": 120, "completion_tokens": 18}}
+        call = {
+            "id": f"call_{name}",
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments, sort_keys=True)},
+        }
+        return {
+            "model": "gpt-4.1-mini",
+            "choices": [{"message": {"role": "assistant", "tool_calls": [call]}}],
+            "usage": {"prompt_tokens": 120, "completion_tokens": 18},
+        }
 
     @staticmethod
     def _answer(text: str) -> dict[str, Any]:
-        return {"model": "gpt-4.1-mini", "choices": [{"message": {"role": "assistant", "content": text}}],
-                "usage": {"prompt_tokens": 150, "completion_tokens": 9}}
+        return {
+            "model": "gpt-4.1-mini",
+            "choices": [{"message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": 150, "completion_tokens": 9},
+        }
 
 
-TOOLS = [{"type": "function", "function": {"name": n}} for n in ("search_flights", "book_flight", "charge_card")]
+TOOLS = [
+    {"type": "function", "function": {"name": n}}
+    for n in ("search_flights", "book_flight", "charge_card")
+]
 client = ScriptedLLM()
 
 
@@ -114,7 +135,7 @@ def run_agent(question: str) -> str:
             provider="openai",
             model="gpt-4.1-mini",
             input={"messages": messages, "tools": TOOLS},
-            call=lambda: client.complete(messages, TOOLS),
+            call=functools.partial(client.complete, messages, TOOLS),
         )
         message = reply["choices"][0]["message"]
         if not message.get("tool_calls"):
@@ -127,24 +148,35 @@ def run_agent(question: str) -> str:
             result = book_flight(**args)
         else:
             result = charge_card(card_token=CARD_TOKEN, **args)
-        messages = [*messages, {"role": "tool", "name": call["name"], "content": json.dumps(result, sort_keys=True)}]
+        messages = [
+            *messages,
+            {"role": "tool", "name": call["name"], "content": json.dumps(result, sort_keys=True)},
+        ]
     raise RuntimeError("agent did not finish in 8 steps")
 
 
 def main(out_dir: str = "examples/out") -> int:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for name, question in (("failure", "Book me the cheapest flight to Paris."),
-                           ("success", "Book me the cheapest flight to London.")):
+    for name, question in (
+        ("failure", "Book me the cheapest flight to Paris."),
+        ("success", "Book me the cheapest flight to London."),
+    ):
         path = out / f"{name}.sftrace"
         try:
-            with record(path, input={"question": question}, name="booking_agent",
-                        entrypoint="examples.booking_agent:run_agent") as run:
+            with record(
+                path,
+                input={"question": question},
+                name="booking_agent",
+                entrypoint="examples.booking_agent:run_agent",
+            ) as run:
                 run.set_output(run_agent(question))
             print(f"{name}: completed -> {path}")
         except SeatUnavailableError as exc:
             print(f"{name}: failed with {type(exc).__name__} -> {path}")
-    print(f"\nnext: stepfork replay {out / 'failure.sftrace'} --entrypoint examples.booking_agent:run_agent")
+    print(
+        f"\nnext: stepfork replay {out / 'failure.sftrace'} --entrypoint examples.booking_agent:run_agent"
+    )
     return 0
 
 

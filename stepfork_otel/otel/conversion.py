@@ -173,7 +173,7 @@ def _outcome(span: SpanRecord, call_id: str, n: int, base: dict[str, Any]) -> Ev
             **_strip(common),
         )
     out = _extract(span, is_input=False)
-    payload = dict(
+    payload: dict[str, Any] = dict(
         output=out.text, output_sha256=out.sha256, output_size=out.size, output_missing=out.missing
     )
     if span.stepfork_kind == k.KIND_TOOL:
@@ -192,7 +192,9 @@ def _strip(values: dict[str, Any]) -> dict[str, Any]:
     return {key: v for key, v in values.items() if not key.startswith("_")}
 
 
-def _call_event(span: SpanRecord, call_id: str, n: int, parent_id: str | None) -> tuple[Event, dict[str, Any]]:
+def _call_event(
+    span: SpanRecord, call_id: str, n: int, parent_id: str | None
+) -> tuple[Event, dict[str, Any]]:
     attrs = span.attributes
     status = _status(attrs)
     base: dict[str, Any] = dict(
@@ -208,7 +210,9 @@ def _call_event(span: SpanRecord, call_id: str, n: int, parent_id: str | None) -
         base,
         id=call_id,
         parent_id=parent_id,
-        status="skipped" if status == k.STATUS_SKIPPED else ("error" if status == k.STATUS_ERROR else "ok"),
+        status="skipped"
+        if status == k.STATUS_SKIPPED
+        else ("error" if status == k.STATUS_ERROR else "ok"),
         time_unix_nano=span.start_time_unix_nano,
         input=inp.text,
         input_sha256=inp.sha256,
@@ -248,7 +252,9 @@ def _run_info(run: SpanRecord | None, replay_mode: str | None) -> RunInfo:
         output=out.text,
         output_sha256=out.sha256,
         output_missing=out.missing,
-        status="ok" if status == k.STATUS_OK else ("error" if status == k.STATUS_ERROR else "unset"),
+        status="ok"
+        if status == k.STATUS_OK
+        else ("error" if status == k.STATUS_ERROR else "unset"),
         error_type=_str(attrs, k.ERROR_TYPE) or None,
         error_message=_str(attrs, k.ERROR_MESSAGE) if k.ERROR_MESSAGE in attrs else None,
         start_time_unix_nano=run.start_time_unix_nano,

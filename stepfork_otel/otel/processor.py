@@ -23,10 +23,12 @@ Design choices, and why:
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
 from opentelemetry import context as context_api
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -109,7 +111,7 @@ class SftraceSpanProcessor(SpanProcessor):
         suffix = k.BUNDLE_SUFFIX + (".gz" if self.compress else "")
         return (directory or self.directory or Path("traces")) / f"{trace_id:032x}{suffix}"
 
-    def set_destination(self, trace_id: int, destination: str | Path | None) -> Path:
+    def set_destination(self, trace_id: int, destination: str | os.PathLike[str] | None) -> Path:
         """Where the bundle of ``trace_id`` goes: a file, or a directory (named by trace id)."""
         if destination is None:
             path = self._default_path(trace_id, None)
@@ -166,14 +168,25 @@ class SftraceSpanProcessor(SpanProcessor):
                         )
                 else:
                     entry.ended.append((span, payloads))
-                    entry.has_boundary = entry.has_boundary or kind in (k.KIND_TOOL, k.KIND_LLM, k.KIND_RUN)
+                    entry.has_boundary = entry.has_boundary or kind in (
+                        k.KIND_TOOL,
+                        k.KIND_LLM,
+                        k.KIND_RUN,
+                    )
                 if not is_bundle_root:
                     return
                 del self._traces[ctx.trace_id]
                 destination = self._destinations.pop(ctx.trace_id, None)
             if entry.has_boundary:
-                self._write(ctx.trace_id, entry, destination, complete=entry.dropped == 0,
-                            reason=f"{entry.dropped} spans dropped (per-trace cap)" if entry.dropped else None)
+                self._write(
+                    ctx.trace_id,
+                    entry,
+                    destination,
+                    complete=entry.dropped == 0,
+                    reason=f"{entry.dropped} spans dropped (per-trace cap)"
+                    if entry.dropped
+                    else None,
+                )
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Write every open trace that holds boundary spans, marked incomplete."""
@@ -188,8 +201,13 @@ class SftraceSpanProcessor(SpanProcessor):
                 for trace_id, _, _ in pending:
                     del self._traces[trace_id]
             for trace_id, entry, destination in pending:
-                self._write(trace_id, entry, destination, complete=False,
-                            reason="the run had not finished when the processor was flushed")
+                self._write(
+                    trace_id,
+                    entry,
+                    destination,
+                    complete=False,
+                    reason="the run had not finished when the processor was flushed",
+                )
         return True
 
     def shutdown(self) -> None:
@@ -202,8 +220,15 @@ class SftraceSpanProcessor(SpanProcessor):
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def _write(self, trace_id: int, entry: _OpenTrace, destination: Path | None, *, complete: bool,
-               reason: str | None) -> None:
+    def _write(
+        self,
+        trace_id: int,
+        entry: _OpenTrace,
+        destination: Path | None,
+        *,
+        complete: bool,
+        reason: str | None,
+    ) -> None:
         if destination is None and self.directory is None:
             return  # not a record(...) run and no directory configured: nothing to write
         token = context_api.attach(context_api.set_value(_SUPPRESS_KEY, True))
@@ -213,8 +238,9 @@ class SftraceSpanProcessor(SpanProcessor):
                 for span_id in entry.open:
                     payloads = boundaries.side_payloads.pop(span_id, {})
                     records.append(span_record(entry.open[span_id], payloads))
-            trace = spans_to_trace(records, complete=complete, incomplete_reason=reason,
-                                   dropped_spans=entry.dropped)
+            trace = spans_to_trace(
+                records, complete=complete, incomplete_reason=reason, dropped_spans=entry.dropped
+            )
             save_trace(trace, destination or self._default_path(trace_id, None))
             self.stats.bundles_written += 1
         except Exception:

@@ -32,8 +32,8 @@ from typing import Any, ParamSpec, TypeVar, overload
 from opentelemetry import trace as trace_api
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from stepfork_otel import constants as k
 from stepfork_otel import _internal
+from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors, log_internal_error
 from stepfork_otel.record import settings as _settings
 from stepfork_otel.record.payload import Payload, capture
@@ -116,20 +116,22 @@ def record_failure(span: Span, exc: BaseException) -> None:
     span.set_attribute(k.STATUS, k.STATUS_ERROR)
     span.set_attribute(k.ERROR_TYPE, error_type)
     span.set_attribute(k.ERROR_MESSAGE, message)
-    span.add_event(
-        k.EXCEPTION_EVENT, {k.EXCEPTION_TYPE: error_type, k.EXCEPTION_MESSAGE: message}
-    )
+    span.add_event(k.EXCEPTION_EVENT, {k.EXCEPTION_TYPE: error_type, k.EXCEPTION_MESSAGE: message})
     span.set_status(Status(StatusCode.ERROR, f"{error_type}: {message}"))
 
 
 def qualified_name(cls: type) -> str:
     module = cls.__module__
-    return cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
+    return (
+        cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
+    )
 
 
 def model_fingerprint(provider: str, model: str, operation: str) -> str:
     """SHA-256 of the canonical ``{"model", "operation", "provider"}`` of an LLM call."""
-    return sha256_hex(canonical_json({"provider": provider, "model": model, "operation": operation}))
+    return sha256_hex(
+        canonical_json({"provider": provider, "model": model, "operation": operation})
+    )
 
 
 # --- the one interception point ------------------------------------------------------------------
@@ -143,7 +145,9 @@ class _Prepared:
     attributes: dict[str, Any]
 
 
-def _prepare_tool(name: str, policy: ReplayPolicy, arguments: dict[str, Any], output_type: Any) -> _Prepared:
+def _prepare_tool(
+    name: str, policy: ReplayPolicy, arguments: dict[str, Any], output_type: Any
+) -> _Prepared:
     payload = capture(arguments, _settings.settings().redactor)
     call = BoundaryCall("tool", name, payload, policy, output_type=output_type)
     attributes = {
@@ -162,8 +166,15 @@ def _prepare_llm(
     payload = capture(request, _settings.settings().redactor)
     fingerprint = model_fingerprint(provider, model, operation)
     call = BoundaryCall(
-        "llm", model, payload, policy, provider=provider, model=model, operation=operation,
-        model_fingerprint=fingerprint, output_type=output_type,
+        "llm",
+        model,
+        payload,
+        policy,
+        provider=provider,
+        model=model,
+        operation=operation,
+        model_fingerprint=fingerprint,
+        output_type=output_type,
     )
     attributes = {
         k.KIND: k.KIND_LLM,
@@ -224,7 +235,9 @@ def _finish_substituted(span: Span, decision: ReplayDecision) -> Any:
     return decision.value
 
 
-def _finish_ok(span: Span, prepared: _Prepared, result: Any, decision: ReplayDecision | None) -> None:
+def _finish_ok(
+    span: Span, prepared: _Prepared, result: Any, decision: ReplayDecision | None
+) -> None:
     payload: Payload | None = None
     with handle_internal_errors("recording a call output"):
         payload = capture(result, _settings.settings().redactor)
@@ -243,7 +256,9 @@ def _finish_error(span: Span, exc: BaseException, decision: ReplayDecision | Non
         current_session_end(decision, None, exc)
 
 
-def current_session_end(decision: ReplayDecision, output: Payload | None, error: BaseException | None) -> None:
+def current_session_end(
+    decision: ReplayDecision, output: Payload | None, error: BaseException | None
+) -> None:
     session = current_session.get()
     if session is not None:
         session.end_call(decision, output, error)
@@ -294,7 +309,9 @@ async def _run_async(prepared: _Prepared | None, body: Callable[[], Awaitable[R]
 
 
 def _set_usage(span: Span, response: Any) -> None:
-    usage = response.get("usage") if isinstance(response, dict) else getattr(response, "usage", None)
+    usage = (
+        response.get("usage") if isinstance(response, dict) else getattr(response, "usage", None)
+    )
     if usage is None:
         return
     for attribute, names in (
@@ -311,7 +328,9 @@ def _set_usage(span: Span, response: Any) -> None:
 # --- public API ----------------------------------------------------------------------------------
 
 
-def _tool_arguments(signature: inspect.Signature, skip_first: bool, args: Any, kwargs: Any) -> dict[str, Any]:
+def _tool_arguments(
+    signature: inspect.Signature, skip_first: bool, args: Any, kwargs: Any
+) -> dict[str, Any]:
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
     arguments = dict(bound.arguments)
@@ -372,13 +391,15 @@ def trace_tool(
                 arguments = _tool_arguments(signature, skip_first, args, kwargs)
             except TypeError:
                 return None  # the call itself is wrong: let the function raise its own TypeError
-            return _prepare_or_log(lambda: _prepare_tool(tool_name, policy, arguments, output_type()))
+            return _prepare_or_log(
+                lambda: _prepare_tool(tool_name, policy, arguments, output_type())
+            )
 
         if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)
             async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-                return await _run_async(prepare(args, kwargs), lambda: func(*args, **kwargs))  # type: ignore[arg-type]
+                return await _run_async(prepare(args, kwargs), lambda: func(*args, **kwargs))
 
             return typing.cast(Callable[P, R], async_wrapper)
 
@@ -432,4 +453,3 @@ async def allm_request(
         lambda: _prepare_llm(provider, model, operation, input, policy, response_type)
     )
     return await _run_async(prepared, call)
-

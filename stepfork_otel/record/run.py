@@ -109,7 +109,9 @@ class RunRecorder:
         self.trace_id = format(span_context.trace_id, "032x")
         with handle_internal_errors("recording the run input"):
             if self._input is not _UNSET:
-                set_payload_attributes(span, k.INPUT, capture(self._input, _settings.settings().redactor))
+                set_payload_attributes(
+                    span, k.INPUT, capture(self._input, _settings.settings().redactor)
+                )
         if processor is not None and span_context.is_valid:
             with handle_internal_errors("registering the bundle destination"):
                 self.path = processor.set_destination(span_context.trace_id, self._destination)
@@ -126,7 +128,9 @@ class RunRecorder:
             return
         with handle_internal_errors("recording the run outcome"):
             if self._output is not _UNSET:
-                set_payload_attributes(span, k.OUTPUT, capture(self._output, _settings.settings().redactor))
+                set_payload_attributes(
+                    span, k.OUTPUT, capture(self._output, _settings.settings().redactor)
+                )
             if exc is not None:
                 record_failure(span, exc)
             else:

@@ -58,7 +58,11 @@ class CallDescription:
         out = [f"{self.label()}" + (f" ({self.event_id})" if self.event_id else "")]
         out.append(f"{indent}input: {preview(self.input_preview)}")
         if self.input_sha256:
-            src = "" if self.fingerprint_source in ("stored", "live") else f" ({self.fingerprint_source})"
+            src = (
+                ""
+                if self.fingerprint_source in ("stored", "live")
+                else f" ({self.fingerprint_source})"
+            )
             out.append(f"{indent}input sha256: {self.input_sha256}{src}")
         if self.kind == "llm" and self.model_fingerprint:
             out.append(f"{indent}model fingerprint: {self.model_fingerprint}")
@@ -94,7 +98,9 @@ class ReplayError(Exception):
         return {
             "expected_input_sha256": self.expected.input_sha256 if self.expected else None,
             "actual_input_sha256": self.actual.input_sha256 if self.actual else None,
-            "expected_model_fingerprint": self.expected.model_fingerprint if self.expected else None,
+            "expected_model_fingerprint": self.expected.model_fingerprint
+            if self.expected
+            else None,
             "actual_model_fingerprint": self.actual.model_fingerprint if self.actual else None,
         }
 
@@ -121,7 +127,7 @@ class ReplayError(Exception):
         """The structured fields, JSON-ready (used by ``stepfork replay --json``)."""
 
         def desc(d: CallDescription | None) -> dict[str, Any] | None:
-            return None if d is None else {k: v for k, v in d.__dict__.items()}
+            return None if d is None else dict(d.__dict__.items())
 
         return {
             "type": type(self).__name__,
@@ -153,12 +159,20 @@ class RecordedDependencyError(ReplayError):
     message. The original exception class is never imported from the bundle.
     """
 
-    def __init__(self, error_type: str, message: str, *, position: int | None = None,
-                 expected: CallDescription | None = None) -> None:
+    def __init__(
+        self,
+        error_type: str,
+        message: str,
+        *,
+        position: int | None = None,
+        expected: CallDescription | None = None,
+    ) -> None:
         self.error_type = error_type
         self.message = message
         super().__init__(
-            f"recorded failure replayed: {error_type}: {message}", position=position, expected=expected
+            f"recorded failure replayed: {error_type}: {message}",
+            position=position,
+            expected=expected,
         )
 
 

@@ -205,9 +205,17 @@ def _build_plan(trace: Trace) -> list[RecordedCall]:
 
 def _legacy_pair(event: OutcomeEvent, unpaired: list[RecordedCall]) -> RecordedCall | None:
     for rc in unpaired:
-        if isinstance(event, ToolResult) and isinstance(rc.event, ToolCall) and rc.event.name == event.name:
+        if (
+            isinstance(event, ToolResult)
+            and isinstance(rc.event, ToolCall)
+            and rc.event.name == event.name
+        ):
             return rc
-        if isinstance(event, LlmResponse) and isinstance(rc.event, LlmRequest) and rc.event.model == event.model:
+        if (
+            isinstance(event, LlmResponse)
+            and isinstance(rc.event, LlmRequest)
+            and rc.event.model == event.model
+        ):
             return rc
     return unpaired[-1] if isinstance(event, ErrorEvent) and unpaired else None
 
@@ -225,7 +233,10 @@ def _first_difference(recorded: str | None, actual: str) -> list[str]:
     """Where two canonical inputs first differ, with a little context (both already redacted)."""
     if recorded is None:
         return []
-    i = next((n for n, (a, b) in enumerate(zip(recorded, actual)) if a != b), min(len(recorded), len(actual)))
+    i = next(
+        (n for n, (a, b) in enumerate(zip(recorded, actual, strict=False)) if a != b),
+        min(len(recorded), len(actual)),
+    )
     start = max(0, i - 30)
     return [
         f"first difference at character {i}:",
@@ -262,7 +273,9 @@ class ReplaySession:
         source: str | None = None,
     ) -> None:
         if isinstance(allow_live_tools, str) or isinstance(live_llms, str):
-            raise TypeError("allow_live_tools and live_llms take a collection of names, not a string")
+            raise TypeError(
+                "allow_live_tools and live_llms take a collection of names, not a string"
+            )
         self.mode = _parse_mode(mode)
         self.trace = trace
         self.source = source
@@ -277,7 +290,9 @@ class ReplaySession:
         self._calls: list[ReplayedCall] = []
         self._errors: list[ReplayError] = []
         self._lock = threading.RLock()
-        self._executing: ContextVar[int | None] = ContextVar("stepfork_replay_executing", default=None)
+        self._executing: ContextVar[int | None] = ContextVar(
+            "stepfork_replay_executing", default=None
+        )
         self._last_live_llm: CallDescription | None = None
         self._state: Literal["new", "active", "closed"] = "new"
         self._token: Token[ReplaySession | None] | None = None
@@ -401,7 +416,9 @@ class ReplaySession:
                 self._errors.append(error)
                 raise
 
-    def end_call(self, decision: ReplayDecision, output: Payload | None, error: BaseException | None) -> None:
+    def end_call(
+        self, decision: ReplayDecision, output: Payload | None, error: BaseException | None
+    ) -> None:
         """Called by the boundary when an executed body returned or raised."""
         with self._lock:
             replayed, rc, token = decision.handle
@@ -417,7 +434,11 @@ class ReplaySession:
                     inner.state = "not_reached"
             self._cursor = max(self._cursor, rc.end)
             recorded = rc.outcome
-            if output is not None and recorded is not None and recorded.output_sha256 not in (None, output.sha256):
+            if (
+                output is not None
+                and recorded is not None
+                and recorded.output_sha256 not in (None, output.sha256)
+            ):
                 replayed.notes.append(
                     f"live output differs from the recording (sha256 {output.sha256[:12]}… vs "
                     f"{recorded.output_sha256[:12]}…)"
@@ -440,8 +461,15 @@ class ReplaySession:
     def _begin(self, call: BoundaryCall) -> ReplayDecision:
         position = len(self._calls) + 1
         replayed = ReplayedCall(
-            position, call.kind, call.name, call.input.text, call.input.sha256, "rejected", None,
-            provider=call.provider, model=call.model,
+            position,
+            call.kind,
+            call.name,
+            call.input.text,
+            call.input.sha256,
+            "rejected",
+            None,
+            provider=call.provider,
+            model=call.model,
         )
         self._calls.append(replayed)
         actual = self._actual(call)
@@ -455,19 +483,26 @@ class ReplaySession:
             )
         if self.mode is ReplayMode.FORBIDDEN:
             raise ReplayPolicyError(
-                "replay mode 'forbidden' rejects every dependency call", position=position, actual=actual
+                "replay mode 'forbidden' rejects every dependency call",
+                position=position,
+                actual=actual,
             )
         expected = self._expect(call, actual, position)
         replayed.recorded_id = expected.event.id
         policy = expected.event.replay_policy
         approved: bool | None = None
-        if self.mode is ReplayMode.MANUAL or policy in (ReplayPolicy.MANUAL, ReplayPolicy.FORBIDDEN):
+        if self.mode is ReplayMode.MANUAL or policy in (
+            ReplayPolicy.MANUAL,
+            ReplayPolicy.FORBIDDEN,
+        ):
             if policy is ReplayPolicy.FORBIDDEN and self.mode is not ReplayMode.MANUAL:
                 raise ReplayPolicyError(
                     f"the recorded call {expected.event.id} has replay policy 'forbidden' (a call "
                     "that must never be replayed automatically); replay it in manual mode with an "
                     "explicit approval",
-                    position=position, expected=expected.describe(), actual=actual,
+                    position=position,
+                    expected=expected.describe(),
+                    actual=actual,
                 )
             approved = bool(self.approve(expected)) if self.approve is not None else False
             if not approved:
@@ -475,7 +510,9 @@ class ReplaySession:
                     f"{actual.label()} needs an explicit approval "
                     f"({'manual mode' if self.mode is ReplayMode.MANUAL else 'recorded policy manual'})"
                     " and was not approved",
-                    position=position, expected=expected.describe(), actual=actual,
+                    position=position,
+                    expected=expected.describe(),
+                    actual=actual,
                 )
         execute = self._should_execute(call, expected, actual, position, approved)
         if execute:
@@ -485,14 +522,18 @@ class ReplaySession:
     def _expect(self, call: BoundaryCall, actual: CallDescription, position: int) -> RecordedCall:
         if self._cursor >= len(self._plan):
             consumed_twice = any(
-                rc.state == "consumed" and rc.input_sha256 == call.input.sha256 and rc.name == call.name
+                rc.state == "consumed"
+                and rc.input_sha256 == call.input.sha256
+                and rc.name == call.name
                 for rc in self._plan
             )
             raise ReplayExhaustedError(
                 f"{actual.label()} was made after the recording was used up "
                 f"({len(self._plan)} recorded calls)"
                 + ("; its recorded answer was already consumed" if consumed_twice else ""),
-                position=position, actual=actual, after_live_call=self._last_live_llm,
+                position=position,
+                actual=actual,
+                after_live_call=self._last_live_llm,
             )
         expected = self._plan[self._cursor]
         parent = self._executing.get()
@@ -500,28 +541,47 @@ class ReplaySession:
 
         def mismatch(reason: str, details: list[str] | None = None) -> ReplayMismatchError:
             return ReplayMismatchError(
-                reason, position=position, expected=exp, actual=actual, details=details,
+                reason,
+                position=position,
+                expected=exp,
+                actual=actual,
+                details=details,
                 after_live_call=self._last_live_llm,
             )
 
         if expected.parent != parent:
             where = "at run level" if parent is None else f"inside {self._plan[parent].event.id}"
-            rec_where = "at run level" if expected.parent is None else f"inside {self._plan[expected.parent].event.id}"
+            rec_where = (
+                "at run level"
+                if expected.parent is None
+                else f"inside {self._plan[expected.parent].event.id}"
+            )
             raise mismatch(f"call made {where}, but the next recorded call was made {rec_where}")
         if expected.kind != call.kind:
-            raise mismatch(f"kind differs: recorded a {expected.kind} call, this run made a {call.kind} call")
+            raise mismatch(
+                f"kind differs: recorded a {expected.kind} call, this run made a {call.kind} call"
+            )
         event = expected.event
         if isinstance(event, ToolCall) and event.name != call.name:
-            raise mismatch(f"tool name differs: recorded {event.name!r}, this run called {call.name!r}")
+            raise mismatch(
+                f"tool name differs: recorded {event.name!r}, this run called {call.name!r}"
+            )
         if isinstance(event, LlmRequest):
             if event.provider != call.provider:
-                raise mismatch(f"LLM provider differs: recorded {event.provider!r}, this run used {call.provider!r}")
+                raise mismatch(
+                    f"LLM provider differs: recorded {event.provider!r}, this run used {call.provider!r}"
+                )
             if event.model != call.model:
-                raise mismatch(f"LLM model differs: recorded {event.model!r}, this run used {call.model!r}")
+                raise mismatch(
+                    f"LLM model differs: recorded {event.model!r}, this run used {call.model!r}"
+                )
         if event.input is None and expected.input_sha256 is None:
-            raise mismatch(f"the recorded input of {event.id} is missing ({event.input_missing or 'not recorded'}) and has no fingerprint to match")
+            raise mismatch(
+                f"the recorded input of {event.id} is missing ({event.input_missing or 'not recorded'}) and has no fingerprint to match"
+            )
         same_input = (
-            event.input == call.input.text if event.input is not None
+            event.input == call.input.text
+            if event.input is not None
             else expected.input_sha256 == call.input.sha256
         )
         if not same_input:
@@ -529,7 +589,11 @@ class ReplaySession:
                 return expected  # hybrid: a changed prompt is the point; reported in _execute
             raise mismatch(
                 "input differs from the recording"
-                + (" (arguments are normalised with their defaults: a changed default counts)" if call.kind == "tool" else ""),
+                + (
+                    " (arguments are normalised with their defaults: a changed default counts)"
+                    if call.kind == "tool"
+                    else ""
+                ),
                 _first_difference(event.input, call.input.text),
             )
         if expected.input_sha256 is not None and expected.input_sha256 != call.input.sha256:
@@ -543,10 +607,19 @@ class ReplaySession:
             and any(_matches_llm(s, call.provider, call.model) for s in self.live_llms)
         )
 
-    def _should_execute(self, call: BoundaryCall, expected: RecordedCall, actual: CallDescription,
-                        position: int, approved: bool | None) -> bool:
+    def _should_execute(
+        self,
+        call: BoundaryCall,
+        expected: RecordedCall,
+        actual: CallDescription,
+        position: int,
+        approved: bool | None,
+    ) -> bool:
         policy = expected.event.replay_policy
-        if self.mode in (ReplayMode.FROZEN, ReplayMode.MANUAL) or policy in (ReplayPolicy.FROZEN, ReplayPolicy.FORBIDDEN):
+        if self.mode in (ReplayMode.FROZEN, ReplayMode.MANUAL) or policy in (
+            ReplayPolicy.FROZEN,
+            ReplayPolicy.FORBIDDEN,
+        ):
             return False
         if self.mode is ReplayMode.HYBRID:
             return self._selected_live_llm(call)
@@ -558,7 +631,9 @@ class ReplaySession:
         raise ReplayPolicyError(
             f"tool {call.name!r} may not run live: live mode executes a tool only when it is named "
             f"in allow_live_tools (--allow-live-tool {call.name}); its recorded response was not used",
-            position=position, expected=expected.describe(), actual=actual,
+            position=position,
+            expected=expected.describe(),
+            actual=actual,
         )
 
     def _execute(self, replayed: ReplayedCall, expected: RecordedCall) -> ReplayDecision:
@@ -573,41 +648,58 @@ class ReplaySession:
         token = self._executing.set(expected.index)
         if replayed.kind == "llm":
             self._last_live_llm = CallDescription(
-                kind="llm", name=replayed.name, provider=replayed.provider, model=replayed.model,
-                input_preview=replayed.input, input_sha256=replayed.input_sha256,
-                event_id=expected.event.id, fingerprint_source="live",
+                kind="llm",
+                name=replayed.name,
+                provider=replayed.provider,
+                model=replayed.model,
+                input_preview=replayed.input,
+                input_sha256=replayed.input_sha256,
+                event_id=expected.event.id,
+                fingerprint_source="live",
             )
         return ReplayDecision("executed", handle=(replayed, expected, token))
 
-    def _substitute(self, call: BoundaryCall, replayed: ReplayedCall, expected: RecordedCall,
-                    position: int) -> ReplayDecision:
+    def _substitute(
+        self, call: BoundaryCall, replayed: ReplayedCall, expected: RecordedCall, position: int
+    ) -> ReplayDecision:
         outcome = expected.outcome
         exp = expected.describe()
         if outcome is None:
             raise ReplayMismatchError(
                 f"the recorded call {expected.event.id} has no recorded result (the run was cut "
                 "short or the span was lost), so it cannot be substituted",
-                position=position, expected=exp, actual=self._actual(call),
+                position=position,
+                expected=exp,
+                actual=self._actual(call),
             )
         if outcome.output is None and not isinstance(outcome, ErrorEvent):
             raise ReplayMismatchError(
                 f"the recorded result of {expected.event.id} is missing "
                 f"({outcome.output_missing or 'not recorded'}): it was left off the span, so it "
                 "cannot be substituted; replay the local bundle, or raise the span payload cap",
-                position=position, expected=exp, actual=self._actual(call),
+                position=position,
+                expected=exp,
+                actual=self._actual(call),
             )
         expected.state = "consumed"
         for inner in self._plan[expected.index + 1 : expected.end]:
             inner.state = "skipped"
         self._cursor = expected.end
         replayed.action = "substituted"
-        output = Payload(outcome.output or "", outcome.output_sha256 or sha256_hex(outcome.output or ""),
-                         outcome.output_size or len((outcome.output or "").encode()))
+        output = Payload(
+            outcome.output or "",
+            outcome.output_sha256 or sha256_hex(outcome.output or ""),
+            outcome.output_size or len((outcome.output or "").encode()),
+        )
         if isinstance(outcome, ErrorEvent):
             replayed.status = "error"
             replayed.error = f"{outcome.error_type}: {outcome.message}"
-            error = RecordedDependencyError(outcome.error_type, outcome.message, position=position, expected=exp)
-            return ReplayDecision("substituted", output=output, error=error, handle=(replayed, None, None))
+            error = RecordedDependencyError(
+                outcome.error_type, outcome.message, position=position, expected=exp
+            )
+            return ReplayDecision(
+                "substituted", output=output, error=error, handle=(replayed, None, None)
+            )
         replayed.status = "ok"
         value = payload_value(outcome.output)
         if isinstance(value, dict) and UNSERIALISABLE_MARKER in value and len(value) == 1:
@@ -615,12 +707,17 @@ class ReplaySession:
             error_u = ReplayError(
                 f"the recorded result of {expected.event.id} could not be serialised when it was "
                 f"recorded ({value[UNSERIALISABLE_MARKER]}); replay cannot substitute it",
-                position=position, expected=exp,
+                position=position,
+                expected=exp,
             )
             self._errors.append(error_u)
             raise error_u
-        return ReplayDecision("substituted", value=_rebuild(value, outcome.output or "null", call.output_type), output=output,
-                              handle=(replayed, None, None))
+        return ReplayDecision(
+            "substituted",
+            value=_rebuild(value, outcome.output or "null", call.output_type),
+            output=output,
+            handle=(replayed, None, None),
+        )
 
 
 _adapters: dict[Any, TypeAdapter[Any] | None] = {}
@@ -655,5 +752,7 @@ def _rebuild(value: Any, text: str, output_type: Any) -> Any:
     try:
         return adapter.validate_json(text)
     except Exception:
-        logger.debug("stepfork_otel: replayed value does not fit %r; returning the JSON value", output_type)
+        logger.debug(
+            "stepfork_otel: replayed value does not fit %r; returning the JSON value", output_type
+        )
         return value

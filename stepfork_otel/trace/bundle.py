@@ -115,7 +115,9 @@ def parse_trace(data: bytes | str, path: str | os.PathLike[str] | None = None) -
     return trace
 
 
-def _explain(data: bytes | str, path: str | os.PathLike[str] | None, exc: ValidationError) -> BundleError:
+def _explain(
+    data: bytes | str, path: str | os.PathLike[str] | None, exc: ValidationError
+) -> BundleError:
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as err:
@@ -123,7 +125,7 @@ def _explain(data: bytes | str, path: str | os.PathLike[str] | None, exc: Valida
             return BundleError(path, "empty file, not a .sftrace bundle")
         return BundleError(path, f"not valid JSON (truncated or not a bundle): {err}")
     if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
-        return BundleError(path, "not a .sftrace bundle (no \"format\": \"sftrace\" field)")
+        return BundleError(path, 'not a .sftrace bundle (no "format": "sftrace" field)')
     version = obj.get("format_version")
     if isinstance(version, int) and version > FORMAT_VERSION:
         return BundleVersionError(
@@ -201,7 +203,9 @@ def validate_structure(trace: Trace) -> list[Problem]:
                 problems.append(Problem(event.id, f"call number {event.seq} out of order"))
             last_seq = event.seq
             if event.parent_id is not None and event.parent_id not in calls:
-                problems.append(Problem(event.id, f"parent {event.parent_id!r} is not an earlier call"))
+                problems.append(
+                    Problem(event.id, f"parent {event.parent_id!r} is not an earlier call")
+                )
             calls[event.id] = event
         else:
             parent = calls.get(event.parent_id or "")
@@ -221,19 +225,27 @@ def validate_structure(trace: Trace) -> list[Problem]:
 def missing_payloads(trace: Trace) -> list[Problem]:
     """Calls that replay cannot serve: no outcome recorded, or a payload left off the span."""
     problems: list[Problem] = []
-    paired = {e.parent_id for e in trace.events if isinstance(e, (ToolResult, LlmResponse, ErrorEvent))}
+    paired = {
+        e.parent_id for e in trace.events if isinstance(e, (ToolResult, LlmResponse, ErrorEvent))
+    }
     for event in trace.events:
         if isinstance(event, (ToolCall, LlmRequest)):
             if event.input is None:
-                problems.append(Problem(event.id, f"input missing ({event.input_missing or 'not_recorded'})"))
+                problems.append(
+                    Problem(event.id, f"input missing ({event.input_missing or 'not_recorded'})")
+                )
             if event.id not in paired and trace.complete:
                 problems.append(Problem(event.id, "no recorded result"))
         elif isinstance(event, (ToolResult, LlmResponse)) and event.output is None:
-            problems.append(Problem(event.id, f"output missing ({event.output_missing or 'not_recorded'})"))
+            problems.append(
+                Problem(event.id, f"output missing ({event.output_missing or 'not_recorded'})")
+            )
     return problems
 
 
-def _check(text: str | None, expected: str | None, what: str, event_id: str | None) -> Problem | None:
+def _check(
+    text: str | None, expected: str | None, what: str, event_id: str | None
+) -> Problem | None:
     if text is None or expected is None:
         return None
     actual = hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -106,8 +106,9 @@ def _normalise(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (list, tuple)):
         return [_normalise(v, depth + 1) for v in value]
     if isinstance(value, (set, frozenset)):
-        items = sorted(orjson.dumps(_normalise(v, depth + 1), default=_default, option=_OPTIONS)
-                       for v in value)
+        items = sorted(
+            orjson.dumps(_normalise(v, depth + 1), default=_default, option=_OPTIONS) for v in value
+        )
         return [orjson.Fragment(b) for b in items]
     converted = _default(value) if not _is_native(value) else value
     if converted is value:

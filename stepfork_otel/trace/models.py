@@ -12,7 +12,7 @@ re-serialises or even parses the payloads. Use :func:`payload_value` to get the 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -113,10 +113,10 @@ class ErrorEvent(_OutcomeEvent):
 
 
 Event = Annotated[
-    Union[ToolCall, ToolResult, LlmRequest, LlmResponse, ErrorEvent], Field(discriminator="type")
+    ToolCall | ToolResult | LlmRequest | LlmResponse | ErrorEvent, Field(discriminator="type")
 ]
-CallEvent = Union[ToolCall, LlmRequest]
-OutcomeEvent = Union[ToolResult, LlmResponse, ErrorEvent]
+CallEvent = ToolCall | LlmRequest
+OutcomeEvent = ToolResult | LlmResponse | ErrorEvent
 
 
 class ContextSpan(_Model):

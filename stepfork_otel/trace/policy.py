@@ -30,7 +30,9 @@ class ReplayPolicy(str, enum.Enum):
             return cls(value)
         except ValueError:
             allowed = ", ".join(p.value for p in cls)
-            raise ValueError(f"unknown replay_policy {value!r}; expected one of: {allowed}") from None
+            raise ValueError(
+                f"unknown replay_policy {value!r}; expected one of: {allowed}"
+            ) from None
 
 
 class ReplayMode(str, enum.Enum):

@@ -24,6 +24,7 @@ it guards; a false trigger costs time, never correctness.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable
@@ -188,7 +189,9 @@ class Redactor:
         object.__setattr__(self, "_key_triggers", tuple(sorted({k[-3:] + '":' for k in keys})))
         triggers = {t for p in self.patterns for t in p.triggers}
         object.__setattr__(self, "_text_triggers", tuple(sorted(triggers)))
-        object.__setattr__(self, "_prefixes", tuple(p for pat in self.patterns for p in pat.prefixes))
+        object.__setattr__(
+            self, "_prefixes", tuple(p for pat in self.patterns for p in pat.prefixes)
+        )
         object.__setattr__(
             self, "_always_scan", tuple(p for p in self.patterns if not (p.triggers or p.prefixes))
         )
@@ -221,7 +224,7 @@ class Redactor:
     def redact_text(self, text: str) -> str:
         """Replace every secret-shaped part of ``text`` (used for strings and exception messages)."""
         for pattern in self.patterns:
-            text = pattern.regex.sub(lambda m, p=pattern: _replace(m, p), text)
+            text = pattern.regex.sub(functools.partial(_replace, pattern=pattern), text)
         return text
 
     def redact(self, value: Any) -> Any:

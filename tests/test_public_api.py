@@ -1,0 +1,61 @@
+"""Pins the public surface: nothing leaks into, or vanishes from, ``stepfork_otel.__all__``."""
+
+from __future__ import annotations
+
+import stepfork_otel
+
+EXPECTED = {
+    "BundleError",
+    "BundleVersionError",
+    "ErrorEvent",
+    "LlmRequest",
+    "LlmResponse",
+    "RecordedDependencyError",
+    "Redactor",
+    "ReplayError",
+    "ReplayExhaustedError",
+    "ReplayMismatchError",
+    "ReplayMode",
+    "ReplayPolicy",
+    "ReplayPolicyError",
+    "ReplayResult",
+    "ReplaySession",
+    "RunInfo",
+    "RunRecorder",
+    "SecretPattern",
+    "SftraceSpanProcessor",
+    "ToolCall",
+    "ToolResult",
+    "Trace",
+    "UnserialisableError",
+    "__version__",
+    "allm_request",
+    "canonical_json",
+    "configure",
+    "fingerprint",
+    "llm_request",
+    "record",
+    "trace_tool",
+}
+
+
+def test_public_api_is_pinned() -> None:
+    assert set(stepfork_otel.__all__) == EXPECTED
+    for name in stepfork_otel.__all__:
+        assert hasattr(stepfork_otel, name), name
+
+
+def test_error_hierarchy() -> None:
+    from stepfork_otel import (
+        RecordedDependencyError,
+        ReplayError,
+        ReplayExhaustedError,
+        ReplayMismatchError,
+        ReplayPolicyError,
+    )
+
+    assert issubclass(ReplayMismatchError, ReplayError)
+    assert issubclass(ReplayExhaustedError, ReplayMismatchError)
+    assert issubclass(ReplayPolicyError, ReplayError)
+    assert issubclass(RecordedDependencyError, ReplayError)
+    assert not issubclass(ReplayPolicyError, ReplayMismatchError)
