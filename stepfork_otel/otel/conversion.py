@@ -5,16 +5,31 @@ Both the live :class:`~stepfork_otel.otel.processor.SftraceSpanProcessor` and th
 :func:`spans_to_trace`. Nothing else builds events, so a bundle written locally and a bundle rebuilt
 from a collector's file are the same for the same run (same events, same fingerprints).
 
+Which spans make the bundle: the subtree of one root. The processor names the root (the run span
+that ended, or a trace's local root); without one, a trace holding a single top-level run span is
+cut to that run's subtree, so the importer, handed every span of the trace, rebuilds exactly what
+the processor wrote. A trace with several top-level runs must name the one wanted (``ValueError``
+otherwise) -- mixing two runs' calls in one bundle would make both unreplayable.
+
 Order: calls are numbered in the order they started -- start time, then the per-process call
-number written on the span, then span id -- which is stable across batches, threads and processes.
+number written on the span, then span id -- which is stable across batches, threads and processes
+(the boundaries take start times from a clock that never repeats or goes back within a process).
+Two structural rules override timestamps, because clocks of different machines (or a coarse clock)
+can disagree with the nesting: a call always comes after the call it is nested in, and a call's
+outcome comes after the call, after everything nested in it, and before any call that started once
+it had ended.
+
+A payload on a span is only taken as whole when its size and fingerprint agree with it: an
+``OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT`` silently cuts attributes, and a cut payload is recorded as
+missing (``truncated``), never as if it were whole.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from stepfork_otel import constants as k
 from stepfork_otel.record.payload import Payload
@@ -34,6 +49,9 @@ from stepfork_otel.trace.models import (
 from stepfork_otel.trace.policy import ReplayPolicy
 
 _BOUNDARY_KINDS = (k.KIND_TOOL, k.KIND_LLM)
+_HEX = frozenset("0123456789abcdef")
+
+T = TypeVar("T", bound=Hashable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +71,9 @@ class SpanRecord:
     status: str = "unset"
     attributes: Mapping[str, Any] = field(default_factory=dict)
     payloads: Mapping[str, Payload] = field(default_factory=dict)
-    """Full payloads handed over in-process (keys ``stepfork.input``/``stepfork.output``); they
-    replace the span attribute, which may have been left off or truncated."""
+    """Full values handed over in-process (keys ``stepfork.input``/``stepfork.output`` and
+    ``stepfork.error.message``); they replace the span attribute, which may have been left off
+    or truncated."""
 
     @property
     def stepfork_kind(self) -> str | None:
@@ -66,6 +85,46 @@ def is_stepfork_span(span: SpanRecord) -> bool:
     return span.stepfork_kind is not None
 
 
+def subtree(parent_of: Mapping[T, T | None], root: T) -> set[T]:
+    """``root`` and every id whose parent chain (through ``parent_of``) reaches it."""
+    children: dict[T, list[T]] = {}
+    for child, parent in parent_of.items():
+        if parent is not None and child != parent:
+            children.setdefault(parent, []).append(child)
+    found = {root}
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+def top_level_runs(spans: Iterable[SpanRecord]) -> list[SpanRecord]:
+    """Run spans not nested in another run span of ``spans``, in start order."""
+    by_id = {s.span_id: s for s in spans}
+    runs = [s for s in by_id.values() if s.stepfork_kind == k.KIND_RUN]
+    top = []
+    for run in runs:
+        parent, seen = run.parent_span_id, 0
+        nested = False
+        while parent is not None and seen < len(by_id):
+            parent_span = by_id.get(parent)
+            if parent_span is None:
+                break
+            if parent_span.stepfork_kind == k.KIND_RUN:
+                nested = True
+                break
+            parent, seen = parent_span.parent_span_id, seen + 1
+        if not nested:
+            top.append(run)
+    return sorted(top, key=_call_order)
+
+
+# --- payloads ------------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
 class _Extracted:
     text: str | None
@@ -74,28 +133,39 @@ class _Extracted:
     missing: MissingReason | None
 
 
+def _is_sha256(value: str) -> bool:
+    return len(value) == 64 and _HEX.issuperset(value)
+
+
 def _extract(span: SpanRecord, is_input: bool) -> _Extracted:
     key, sha_key, size_key, omitted_key = (
         (k.INPUT, k.INPUT_SHA256, k.INPUT_SIZE, k.INPUT_OMITTED)
         if is_input
         else (k.OUTPUT, k.OUTPUT_SHA256, k.OUTPUT_SIZE, k.OUTPUT_OMITTED)
     )
-    attrs = span.attributes
-    sha = attrs.get(sha_key)
-    sha = sha if isinstance(sha, str) else None
-    size = attrs.get(size_key)
-    size = size if isinstance(size, int) and not isinstance(size, bool) else None
     handed = span.payloads.get(key)
     if handed is not None:
         return _Extracted(handed.text, handed.sha256, handed.size, None)
+    attrs = span.attributes
+    raw_sha = attrs.get(sha_key)
+    sha = raw_sha if isinstance(raw_sha, str) and _is_sha256(raw_sha) else None
+    # A fingerprint attribute that is not 64 hex digits was itself cut by a length limit.
+    sha_cut = isinstance(raw_sha, str) and sha is None
+    size = attrs.get(size_key)
+    size = size if isinstance(size, int) and not isinstance(size, bool) else None
     text = attrs.get(key)
     text = text if isinstance(text, str) else None
     if text is not None:
-        if sha is not None and hashlib.sha256(text.encode("utf-8")).hexdigest() != sha:
+        data = text.encode("utf-8", "surrogatepass")
+        if (
+            sha_cut
+            or (size is not None and len(data) != size)
+            or (sha is not None and hashlib.sha256(data).hexdigest() != sha)
+        ):
             # An attribute length limit cut the payload: never keep it as if it were whole.
             return _Extracted(None, sha, size, "truncated")
         return _Extracted(text, sha, size, None)
-    if sha is None:
+    if sha is None and not sha_cut:
         return _Extracted(None, None, None, None)  # nothing was recorded (e.g. no run output)
     omitted = attrs.get(omitted_key)
     missing: MissingReason = (
@@ -131,6 +201,14 @@ def _status(attrs: Mapping[str, Any]) -> str | None:
     return value if value in (k.STATUS_OK, k.STATUS_ERROR, k.STATUS_SKIPPED) else None
 
 
+def _error_message(span: SpanRecord) -> str | None:
+    handed = span.payloads.get(k.ERROR_MESSAGE)
+    if handed is not None:
+        return handed.text
+    value = span.attributes.get(k.ERROR_MESSAGE)
+    return value if isinstance(value, str) else None
+
+
 def _usage(attrs: Mapping[str, Any]) -> dict[str, int] | None:
     usage = {
         name: attrs[key]
@@ -138,7 +216,7 @@ def _usage(attrs: Mapping[str, Any]) -> dict[str, int] | None:
             ("input_tokens", k.GEN_AI_USAGE_INPUT_TOKENS),
             ("output_tokens", k.GEN_AI_USAGE_OUTPUT_TOKENS),
         )
-        if isinstance(attrs.get(key), int)
+        if isinstance(attrs.get(key), int) and not isinstance(attrs.get(key), bool)
     }
     return usage or None
 
@@ -147,7 +225,10 @@ def _call_order(span: SpanRecord) -> tuple[int, int, str]:
     return (span.start_time_unix_nano, _int(span.attributes, k.CALL_SEQ), span.span_id)
 
 
-def _outcome(span: SpanRecord, call_id: str, n: int, base: dict[str, Any]) -> Event | None:
+# --- events --------------------------------------------------------------------------------------
+
+
+def _outcome(span: SpanRecord, call_id: str, base: dict[str, Any], name: str) -> Event | None:
     status = _status(span.attributes)
     if status is None or span.end_time_unix_nano is None:
         return None  # the span never recorded an outcome: a call with a missing result
@@ -160,41 +241,38 @@ def _outcome(span: SpanRecord, call_id: str, n: int, base: dict[str, Any]) -> Ev
     attrs = span.attributes
     if status in (k.STATUS_ERROR, k.STATUS_SKIPPED):
         error_type = _str(attrs, k.ERROR_TYPE, "Exception")
-        message = _str(attrs, k.ERROR_MESSAGE)
+        message = _error_message(span) or ""
         text = canonical_json({"error_type": error_type, "message": message})
+        data = text.encode("utf-8")
         return ErrorEvent(
             id=f"{call_id}.error",
             status="skipped" if status == k.STATUS_SKIPPED else "error",
             error_type=error_type,
             message=message,
             output=text,
-            output_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
-            output_size=len(text.encode("utf-8")),
-            **_strip(common),
+            output_sha256=hashlib.sha256(data).hexdigest(),
+            output_size=len(data),
+            **common,
         )
     out = _extract(span, is_input=False)
     payload: dict[str, Any] = dict(
         output=out.text, output_sha256=out.sha256, output_size=out.size, output_missing=out.missing
     )
     if span.stepfork_kind == k.KIND_TOOL:
-        return ToolResult(id=f"{call_id}.result", name=base["_name"], **payload, **_strip(common))
+        return ToolResult(id=f"{call_id}.result", name=name, **payload, **common)
     return LlmResponse(
         id=f"{call_id}.result",
         provider=_str(attrs, k.GEN_AI_PROVIDER_NAME),
         model=_str(attrs, k.GEN_AI_RESPONSE_MODEL) or _str(attrs, k.GEN_AI_REQUEST_MODEL),
         usage=_usage(attrs),
         **payload,
-        **_strip(common),
+        **common,
     )
-
-
-def _strip(values: dict[str, Any]) -> dict[str, Any]:
-    return {key: v for key, v in values.items() if not key.startswith("_")}
 
 
 def _call_event(
     span: SpanRecord, call_id: str, n: int, parent_id: str | None
-) -> tuple[Event, dict[str, Any]]:
+) -> tuple[Event, dict[str, Any], str]:
     attrs = span.attributes
     status = _status(attrs)
     base: dict[str, Any] = dict(
@@ -220,10 +298,10 @@ def _call_event(
         input_missing=inp.missing,
     )
     event: Event
+    name = ""
     if span.stepfork_kind == k.KIND_TOOL:
         name = _str(attrs, k.GEN_AI_TOOL_NAME, span.name)
         event = ToolCall(name=name, **call_fields)
-        base["_name"] = name
     else:
         event = LlmRequest(
             provider=_str(attrs, k.GEN_AI_PROVIDER_NAME),
@@ -232,7 +310,7 @@ def _call_event(
             model_fingerprint=_str(attrs, k.MODEL_FINGERPRINT) or None,
             **call_fields,
         )
-    return event, base
+    return event, base, name
 
 
 def _run_info(run: SpanRecord | None, replay_mode: str | None) -> RunInfo:
@@ -256,11 +334,90 @@ def _run_info(run: SpanRecord | None, replay_mode: str | None) -> RunInfo:
         if status == k.STATUS_OK
         else ("error" if status == k.STATUS_ERROR else "unset"),
         error_type=_str(attrs, k.ERROR_TYPE) or None,
-        error_message=_str(attrs, k.ERROR_MESSAGE) if k.ERROR_MESSAGE in attrs else None,
+        error_message=_error_message(run),
         start_time_unix_nano=run.start_time_unix_nano,
         end_time_unix_nano=run.end_time_unix_nano or 0,
         replay_mode=_str(attrs, k.REPLAY_MODE) or replay_mode,
     )
+
+
+# --- order ---------------------------------------------------------------------------------------
+
+
+def _order_calls(calls: list[SpanRecord], enclosing: dict[str, str | None]) -> list[SpanRecord]:
+    """Calls in start order, except that a call never comes before the call it is nested in.
+    ``enclosing`` is updated in place when hostile parent links form a cycle (the link is cut)."""
+    placed: set[str] = set()
+    waiting: dict[str, list[SpanRecord]] = {}
+    ordered: list[SpanRecord] = []
+
+    def place(span: SpanRecord) -> None:
+        stack = [span]
+        while stack:
+            current = stack.pop()
+            if current.span_id in placed:
+                continue
+            ordered.append(current)
+            placed.add(current.span_id)
+            stack.extend(reversed(waiting.pop(current.span_id, [])))
+
+    for span in sorted(calls, key=_call_order):
+        parent = enclosing[span.span_id]
+        if parent is not None and parent not in placed:
+            waiting.setdefault(parent, []).append(span)
+        else:
+            place(span)
+    for held in sorted((s for group in waiting.values() for s in group), key=_call_order):
+        if held.span_id not in placed:  # its ancestors form a cycle: treat it as top level
+            enclosing[held.span_id] = None
+            place(held)
+    return ordered
+
+
+def _timeline(
+    ordered: list[SpanRecord],
+    enclosing: dict[str, str | None],
+    calls: dict[str, Event],
+    outcomes: dict[str, Event],
+) -> list[Event]:
+    """Merge calls (in ``ordered`` order) with their outcomes (see the module docstring)."""
+    n_of = {s.span_id: n for n, s in enumerate(ordered, start=1)}
+    # effective end: a call is over once it and everything nested in it are over
+    eff_end = {s.span_id: max(s.start_time_unix_nano, s.end_time_unix_nano or 0) for s in ordered}
+    remaining = dict.fromkeys(n_of, 0)  # nested calls not yet placed
+    for span in reversed(ordered):
+        parent = enclosing[span.span_id]
+        if parent is not None:
+            eff_end[parent] = max(eff_end[parent], eff_end[span.span_id])
+            remaining[parent] += remaining[span.span_id] + 1
+    events: list[Event] = []
+    pending: list[str] = []
+
+    def flush(limit: int | None) -> None:
+        while True:
+            ready = [
+                c for c in pending if remaining[c] == 0 and (limit is None or eff_end[c] <= limit)
+            ]
+            if not ready:
+                return
+            best = min(ready, key=lambda c: (eff_end[c], -n_of[c]))
+            pending.remove(best)
+            events.append(outcomes[best])
+
+    for span in ordered:
+        flush(span.start_time_unix_nano)
+        events.append(calls[span.span_id])
+        parent = enclosing[span.span_id]
+        while parent is not None:
+            remaining[parent] -= 1
+            parent = enclosing[parent]
+        if span.span_id in outcomes:
+            pending.append(span.span_id)
+    flush(None)
+    return events
+
+
+# --- the conversion ------------------------------------------------------------------------------
 
 
 def spans_to_trace(
@@ -269,44 +426,71 @@ def spans_to_trace(
     complete: bool = True,
     incomplete_reason: str | None = None,
     dropped_spans: int = 0,
+    root_span_id: str | None = None,
 ) -> Trace:
-    """Build the trace of one run from its spans (any order; all of one trace id)."""
+    """Build the trace of one run from its spans (any order; all of one trace id).
+
+    ``root_span_id``: the span whose subtree is the bundle (a run span, or a local root). Without
+    it, a trace with one top-level run span is cut to that run; with several, ``ValueError``.
+    """
     by_id = {s.span_id: s for s in spans}
     if not by_id:
         raise ValueError("no spans")
     trace_ids = {s.trace_id for s in by_id.values()}
     if len(trace_ids) != 1:
         raise ValueError(f"spans of {len(trace_ids)} traces given; convert one trace at a time")
-    runs = sorted((s for s in by_id.values() if s.stepfork_kind == k.KIND_RUN), key=_call_order)
-    run = runs[0] if runs else None
-    boundaries = sorted(
-        (s for s in by_id.values() if s.stepfork_kind in _BOUNDARY_KINDS), key=_call_order
-    )
-    call_ids = {s.span_id: f"call-{n}" for n, s in enumerate(boundaries, start=1)}
+    run: SpanRecord | None = None
+    if root_span_id is None:
+        runs = top_level_runs(by_id.values())
+        if len(runs) > 1:
+            ids = ", ".join(r.span_id for r in runs)
+            raise ValueError(
+                f"the trace holds {len(runs)} runs (span ids {ids}); pass root_span_id to pick one"
+            )
+        if runs:
+            root_span_id = runs[0].span_id
+    if root_span_id is not None:
+        if root_span_id not in by_id:
+            raise ValueError(f"root span {root_span_id} is not among the spans given")
+        keep = subtree({s.span_id: s.parent_span_id for s in by_id.values()}, root_span_id)
+        by_id = {span_id: s for span_id, s in by_id.items() if span_id in keep}
+        root = by_id[root_span_id]
+        if root.stepfork_kind == k.KIND_RUN:
+            run = root
+        else:
+            runs = top_level_runs(by_id.values())
+            run = runs[0] if runs else None
+
+    boundary_spans = [s for s in by_id.values() if s.stepfork_kind in _BOUNDARY_KINDS]
+    boundary_ids = {s.span_id for s in boundary_spans}
 
     def enclosing_call(span: SpanRecord) -> str | None:
         seen = 0
         parent = span.parent_span_id
         while parent is not None and seen < len(by_id):
-            if parent in call_ids:
-                return call_ids[parent]
+            if parent in boundary_ids:
+                return parent
             parent_span = by_id.get(parent)
             parent = parent_span.parent_span_id if parent_span else None
             seen += 1
         return None
 
-    timeline: list[tuple[tuple[int, int, int, int], Event]] = []
+    enclosing = {s.span_id: enclosing_call(s) for s in boundary_spans}
+    ordered = _order_calls(boundary_spans, enclosing)
+    call_ids = {s.span_id: f"call-{n}" for n, s in enumerate(ordered, start=1)}
+    calls: dict[str, Event] = {}
+    outcomes: dict[str, Event] = {}
     replay_mode: str | None = None
-    for n, span in enumerate(boundaries, start=1):
+    for n, span in enumerate(ordered, start=1):
         call_id = call_ids[span.span_id]
-        call, base = _call_event(span, call_id, n, enclosing_call(span))
-        timeline.append(((span.start_time_unix_nano, 1, n, 0), call))
-        outcome = _outcome(span, call_id, n, base)
+        parent = enclosing[span.span_id]
+        call, base, name = _call_event(span, call_id, n, call_ids[parent] if parent else None)
+        calls[span.span_id] = call
+        outcome = _outcome(span, call_id, base, name)
         if outcome is not None:
-            # at equal times, outcomes come before new calls, and inner calls end before outer ones
-            timeline.append(((outcome.time_unix_nano, 0, -n, 1), outcome))
+            outcomes[span.span_id] = outcome
         replay_mode = replay_mode or (_str(span.attributes, k.REPLAY_MODE) or None)
-    timeline.sort(key=lambda item: item[0])
+    events = _timeline(ordered, enclosing, calls, outcomes)
     context = [
         ContextSpan(
             span_id=s.span_id,
@@ -320,15 +504,20 @@ def spans_to_trace(
         for s in sorted(by_id.values(), key=_call_order)
         if not is_stepfork_span(s)
     ]
-    if run is not None and run.end_time_unix_nano is None and complete:
+    if complete and run is not None and run.end_time_unix_nano is None:
         complete, incomplete_reason = False, "the run span never ended"
+    open_calls = sum(1 for s in boundary_spans if s.end_time_unix_nano is None)
+    if complete and open_calls:
+        complete = False
+        incomplete_reason = f"{open_calls} call(s) had not ended when the bundle was written"
+    created_by = _str(run.attributes, k.SDK_VERSION) or None if run is not None else None
     return Trace(
         trace_id=trace_ids.pop(),
         complete=complete,
         incomplete_reason=incomplete_reason,
-        created_by=_str(run.attributes, k.SDK_VERSION) or None if run is not None else None,
+        created_by=created_by,
         run=_run_info(run, replay_mode),
-        events=[event for _, event in timeline],
+        events=events,
         context=context,
         dropped_spans=dropped_spans,
     )

@@ -1,20 +1,28 @@
 """``SftraceSpanProcessor``: turns each finished run into a `.sftrace` bundle.
 
-It buffers finished spans by trace id. When a *bundle root* ends -- the run span opened by
-``record(...)``, or the local root of a trace (no parent, or a remote parent) -- it converts the
-buffered spans with the one span -> event conversion and writes the bundle atomically, if the trace
-holds any boundary span. The user's own spans in the trace are kept as context.
+It buffers spans by trace id. When a *bundle root* ends it converts the root's subtree with the one
+span -> event conversion and writes the bundle atomically:
+
+* a **run span** (opened by ``record(...)``) -> the run's bundle, at the path ``record`` was given
+  (or ``<trace_id>.sftrace`` in the configured directory); the run's spans then leave the buffer,
+  so a long-lived span of the application around many runs does not pile them up;
+* a **local root** (no parent, or a remote parent) -> ``<trace_id>.sftrace`` in the configured
+  directory, if its subtree still holds boundary spans (calls made outside any run). The
+  application's own spans in the subtree are kept as context.
 
 Design choices, and why:
 
-* It never raises into the program and never blocks on anything but the bundle write itself
-  (done in ``on_end`` of the root, so the file exists when ``with record(...)`` returns).
-  Instrumentation is suppressed while it writes.
-* Memory is bounded: at most ``max_open_traces`` traces and ``max_spans_per_trace`` spans per trace
-  are buffered; beyond that spans are dropped, counted in :attr:`stats`, and a warning is logged
-  (once per trace). A bundle from a trace that lost spans says so (``dropped_spans``, incomplete).
-* ``force_flush``/``shutdown`` write every open trace that holds boundary spans, marked incomplete,
-  so a run cut short (or a process shutting down) still leaves a bundle that loads and says so.
+* It never raises into the program (every callback goes through ``handle_internal_errors``) and
+  blocks on nothing but the bundle write itself, done in ``on_end`` of the root so the file exists
+  when ``with record(...)`` returns. Instrumentation is suppressed while it writes.
+* Memory is bounded: at most ``max_open_traces`` traces and ``max_spans_per_trace`` buffered spans
+  per trace. Beyond that spans are dropped, counted in :attr:`stats`, and a warning is logged. A
+  bundle from a trace that lost spans says so (``dropped_spans``, ``complete: false``); a run whose
+  whole trace was refused still gets a bundle, holding only the run and the reason. Traces whose
+  spans have all ended but whose root was never seen are evicted first when the cap is reached.
+* ``force_flush`` writes a snapshot of every open run (and of boundary spans outside runs, when a
+  directory is configured), marked incomplete; the run keeps being buffered and its final bundle
+  replaces the snapshot when it ends. ``shutdown`` flushes and then stops.
 * Full payloads come from the boundaries through an in-process side channel, so a payload left
   off the span (size cap, capture off) or cut by an ``OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT`` is still
   whole in the local bundle.
@@ -25,9 +33,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from opentelemetry import context as context_api
 from opentelemetry.context import Context
@@ -35,7 +45,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors
-from stepfork_otel.otel.conversion import SpanRecord, spans_to_trace
+from stepfork_otel.otel.conversion import SpanRecord, spans_to_trace, subtree
 from stepfork_otel.record import boundaries
 from stepfork_otel.record.payload import Payload
 from stepfork_otel.trace.bundle import save_trace
@@ -44,6 +54,18 @@ logger = logging.getLogger("stepfork_otel")
 
 #: The API's suppression key (set while the processor writes, so nothing it does is traced).
 _SUPPRESS_KEY = getattr(context_api, "_SUPPRESS_INSTRUMENTATION_KEY", "suppress_instrumentation")
+_STEPFORK_KINDS = (k.KIND_RUN, k.KIND_TOOL, k.KIND_LLM)
+_BOUNDARY_KINDS = (k.KIND_TOOL, k.KIND_LLM)
+
+
+def _attributes(span: ReadableSpan) -> dict[str, Any]:
+    # An open span may be written to by its thread while a flush copies it: retry a torn copy.
+    for _ in range(3):
+        try:
+            return dict(span.attributes or {})
+        except (RuntimeError, KeyError):
+            continue
+    return dict(span.attributes or {})
 
 
 def span_record(span: ReadableSpan, payloads: Mapping[str, Payload] | None = None) -> SpanRecord:
@@ -59,17 +81,35 @@ def span_record(span: ReadableSpan, payloads: Mapping[str, Payload] | None = Non
         start_time_unix_nano=span.start_time or 0,
         end_time_unix_nano=span.end_time,
         status=span.status.status_code.name.lower(),
-        attributes=dict(span.attributes or {}),
+        attributes=_attributes(span),
         payloads=dict(payloads or {}),
     )
 
 
+def _kind(span: ReadableSpan) -> Any:
+    return (span.attributes or {}).get(k.KIND)
+
+
+def _local_parent(span: ReadableSpan) -> int | None:
+    parent = span.parent
+    return None if parent is None or parent.is_remote else parent.span_id
+
+
 @dataclass
 class _OpenTrace:
-    ended: list[tuple[ReadableSpan, dict[str, Payload]]] = field(default_factory=list)
+    ended: dict[int, tuple[ReadableSpan, dict[str, Payload]]] = field(default_factory=dict)
     open: dict[int, Span] = field(default_factory=dict)
     dropped: int = 0
-    has_boundary: bool = False
+    claimed: set[Path] = field(default_factory=set)
+    """Default bundle paths already given to a run of this trace."""
+
+    def parents(self) -> dict[int, int | None]:
+        parents = {span_id: _local_parent(span) for span_id, span in self.open.items()}
+        parents.update((span_id, _local_parent(s)) for span_id, (s, _) in self.ended.items())
+        return parents
+
+    def size(self) -> int:
+        return len(self.open) + len(self.ended)
 
 
 @dataclass
@@ -78,8 +118,26 @@ class ProcessorStats:
 
     bundles_written: int = 0
     dropped_spans: int = 0
+    """Spans not buffered: over ``max_spans_per_trace``, or of a trace refused as a whole."""
     dropped_traces: int = 0
+    """Traces refused as a whole because ``max_open_traces`` traces were buffered."""
+    evicted_traces: int = 0
+    """Buffered traces whose spans had all ended but whose root was never seen, evicted at the
+    open-trace cap."""
     write_errors: int = 0
+
+
+@dataclass
+class _Job:
+    """One bundle to write (built under the lock, written outside it)."""
+
+    trace_id: int
+    root_span_id: int | None
+    spans: list[tuple[ReadableSpan, dict[str, Payload]]]
+    path: Path
+    complete: bool
+    reason: str | None
+    dropped: int
 
 
 class SftraceSpanProcessor(SpanProcessor):
@@ -100,7 +158,10 @@ class SftraceSpanProcessor(SpanProcessor):
         self.stats = ProcessorStats()
         self._lock = threading.Lock()
         self._traces: dict[int, _OpenTrace] = {}
-        self._destinations: dict[int, Path] = {}
+        #: Traces refused as a whole (at the open-trace cap): trace id -> spans dropped.
+        self._refused: OrderedDict[int, int] = OrderedDict()
+        #: (trace id, run span id or None for the trace's own bundle) -> bundle path.
+        self._destinations: dict[tuple[int, int | None], Path] = {}
         self._shutdown = False
         with boundaries._side_lock:
             boundaries.side_channel_listeners += 1
@@ -111,19 +172,84 @@ class SftraceSpanProcessor(SpanProcessor):
         suffix = k.BUNDLE_SUFFIX + (".gz" if self.compress else "")
         return (directory or self.directory or Path("traces")) / f"{trace_id:032x}{suffix}"
 
-    def set_destination(self, trace_id: int, destination: str | os.PathLike[str] | None) -> Path:
-        """Where the bundle of ``trace_id`` goes: a file, or a directory (named by trace id)."""
-        if destination is None:
-            path = self._default_path(trace_id, None)
-        else:
-            path = Path(destination)
-            if path.is_dir():
-                path = self._default_path(trace_id, path)
-        with self._lock:
-            self._destinations[trace_id] = path
+    def _claim(self, path: Path, trace_id: int, span_id: int | None) -> Path:
+        """A default path not yet used by another bundle of the same trace (caller holds lock):
+        the first gets ``<trace_id>.sftrace``, a later run ``<trace_id>-<span_id>.sftrace``."""
+        entry = self._traces.get(trace_id)
+        if entry is None:
+            return path
+        if path in entry.claimed:
+            tag = "outside-runs" if span_id is None else f"{span_id:016x}"
+            suffix = k.BUNDLE_SUFFIX + (".gz" if self.compress else "")
+            path = path.with_name(f"{trace_id:032x}-{tag}{suffix}")
+        entry.claimed.add(path)
         return path
 
-    # -- SpanProcessor ---------------------------------------------------------------------------
+    def set_destination(
+        self,
+        trace_id: int,
+        destination: str | os.PathLike[str] | None,
+        *,
+        span_id: int | None = None,
+    ) -> Path:
+        """Where the bundle of the run ``span_id`` (None: of the trace) goes: a file, or a
+        directory (an existing one, or a path ending in a separator), named by trace id."""
+        directory: Path | None = None
+        if destination is not None:
+            text = os.fspath(destination)
+            path = Path(text)
+            if path.is_dir() or text.endswith((os.sep, "/")):
+                directory = path
+            else:
+                with self._lock:
+                    self._destinations[(trace_id, span_id)] = path
+                return path
+        with self._lock:
+            path = self._claim(self._default_path(trace_id, directory), trace_id, span_id)
+            self._destinations[(trace_id, span_id)] = path
+        return path
+
+    def _path_for(self, trace_id: int, span_id: int | None, *, final: bool) -> Path | None:
+        """The bundle path of a run or of the trace (caller holds the lock); None: not written."""
+        key = (trace_id, span_id)
+        path = self._destinations.pop(key, None) if final else self._destinations.get(key)
+        if path is not None:
+            return path
+        if self.directory is None:
+            return None  # neither a record(...) destination nor a configured directory
+        path = self._claim(self._default_path(trace_id, None), trace_id, span_id)
+        if not final:
+            self._destinations[key] = path
+        return path
+
+    # -- buffering -------------------------------------------------------------------------------
+
+    def _entry(self, trace_id: int) -> _OpenTrace | None:
+        """The buffer of ``trace_id``, created if the cap allows (caller holds the lock)."""
+        entry = self._traces.get(trace_id)
+        if entry is not None:
+            return entry
+        if trace_id in self._refused:
+            return None  # its spans are counted as they end
+        if len(self._traces) >= self.max_open_traces:
+            self._evict_orphans()
+        if len(self._traces) >= self.max_open_traces:
+            self._refused[trace_id] = 0
+            while len(self._refused) > 4 * self.max_open_traces + 16:
+                self._refused.popitem(last=False)
+            self.stats.dropped_traces += 1
+            self._warn_dropped_trace(trace_id)
+            return None
+        entry = self._traces[trace_id] = _OpenTrace()
+        return entry
+
+    def _evict_orphans(self) -> None:
+        orphans = {t for t, e in self._traces.items() if not e.open}
+        for trace_id in orphans:
+            del self._traces[trace_id]
+            self.stats.evicted_traces += 1
+        for key in [key for key in self._destinations if key[0] in orphans]:
+            del self._destinations[key]
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         with handle_internal_errors("tracking a started span"):
@@ -131,15 +257,9 @@ class SftraceSpanProcessor(SpanProcessor):
             if ctx is None or self._shutdown:
                 return
             with self._lock:
-                entry = self._traces.get(ctx.trace_id)
-                if entry is None:
-                    if len(self._traces) >= self.max_open_traces:
-                        self.stats.dropped_traces += 1
-                        self._warn_dropped_trace(ctx.trace_id)
-                        return
-                    entry = self._traces[ctx.trace_id] = _OpenTrace()
-                if len(entry.open) + len(entry.ended) >= self.max_spans_per_trace:
-                    return
+                entry = self._entry(ctx.trace_id)
+                if entry is None or entry.size() >= self.max_spans_per_trace:
+                    return  # counted as dropped when it ends
                 entry.open[ctx.span_id] = span
 
     def on_end(self, span: ReadableSpan) -> None:
@@ -149,102 +269,234 @@ class SftraceSpanProcessor(SpanProcessor):
                 return
             with boundaries._side_lock:
                 payloads = boundaries.side_payloads.pop(ctx.span_id, {})
-            attributes = span.attributes or {}
-            kind = attributes.get(k.KIND)
-            is_bundle_root = span.parent is None or span.parent.is_remote or kind == k.KIND_RUN
+            if self._shutdown:
+                return
+            kind = _kind(span)
+            is_local_root = _local_parent(span) is None
+            is_run = kind == k.KIND_RUN
+            jobs: list[_Job] = []
             with self._lock:
-                entry = self._traces.get(ctx.trace_id)
-                if entry is None:
-                    return  # dropped at start (too many open traces) or after shutdown
-                entry.open.pop(ctx.span_id, None)
-                if len(entry.ended) >= self.max_spans_per_trace:
-                    entry.dropped += 1
-                    self.stats.dropped_spans += 1
-                    if entry.dropped == 1:
-                        logger.warning(
-                            "stepfork_otel: trace %032x exceeded %d spans; further spans dropped",
-                            ctx.trace_id,
-                            self.max_spans_per_trace,
-                        )
-                else:
-                    entry.ended.append((span, payloads))
-                    entry.has_boundary = entry.has_boundary or kind in (
-                        k.KIND_TOOL,
-                        k.KIND_LLM,
-                        k.KIND_RUN,
-                    )
-                if not is_bundle_root:
-                    return
-                del self._traces[ctx.trace_id]
-                destination = self._destinations.pop(ctx.trace_id, None)
-            if entry.has_boundary:
-                self._write(
-                    ctx.trace_id,
-                    entry,
-                    destination,
-                    complete=entry.dropped == 0,
-                    reason=f"{entry.dropped} spans dropped (per-trace cap)"
-                    if entry.dropped
-                    else None,
+                jobs = self._buffer(
+                    span, ctx.trace_id, ctx.span_id, payloads, is_run, is_local_root
                 )
+            self._write_all(jobs)
+
+    def _buffer(
+        self,
+        span: ReadableSpan,
+        trace_id: int,
+        span_id: int,
+        payloads: dict[str, Payload],
+        is_run: bool,
+        is_local_root: bool,
+    ) -> list[_Job]:
+        """Buffer an ended span; the bundles its end completes (caller holds the lock)."""
+        entry = self._traces.get(trace_id)
+        if entry is None and trace_id in self._refused:
+            self._refused[trace_id] += 1
+            self.stats.dropped_spans += 1
+            return self._refused_job(span, payloads, is_local_root)
+        if entry is None:
+            entry = self._entry(trace_id)
+            if entry is None:
+                self._refused[trace_id] += 1
+                self.stats.dropped_spans += 1
+                return self._refused_job(span, payloads, is_local_root)
+        tracked = entry.open.pop(span_id, None) is not None
+        if tracked or entry.size() < self.max_spans_per_trace:
+            entry.ended[span_id] = (span, payloads)
+        else:
+            self._drop_span(entry, trace_id)
+        jobs: list[_Job] = []
+        if is_run:
+            jobs.extend(self._run_job(trace_id, entry, span_id))
+        if is_local_root:
+            # a run that is its own local root was written above: only clean up
+            jobs.extend(self._root_job(trace_id, entry, span_id, write=not is_run))
+        return jobs
+
+    def _drop_span(self, entry: _OpenTrace, trace_id: int) -> None:
+        entry.dropped += 1
+        self.stats.dropped_spans += 1
+        if entry.dropped == 1:
+            logger.warning(
+                "stepfork_otel: trace %032x exceeded %d buffered spans; further spans dropped "
+                "(its bundle will say it is incomplete)",
+                trace_id,
+                self.max_spans_per_trace,
+            )
+
+    # -- what to write (caller holds the lock) ---------------------------------------------------
+
+    def _spans_of(
+        self, entry: _OpenTrace, ids: set[int]
+    ) -> list[tuple[ReadableSpan, dict[str, Payload]]]:
+        spans = [entry.ended[i] for i in entry.ended if i in ids]
+        with boundaries._side_lock:
+            for span_id, span in entry.open.items():
+                if span_id in ids:  # still open: its payloads stay for when it ends
+                    spans.append((span, dict(boundaries.side_payloads.get(span_id, {}))))
+        return spans
+
+    def _job(
+        self,
+        trace_id: int,
+        entry: _OpenTrace,
+        root: int | None,
+        ids: set[int],
+        path: Path,
+        *,
+        final: bool,
+    ) -> _Job:
+        spans = self._spans_of(entry, ids)
+        complete = final and entry.dropped == 0
+        if not final:
+            reason: str | None = "the run had not finished when the bundle was flushed"
+        elif entry.dropped:
+            reason = f"{entry.dropped} span(s) of this trace were dropped (per-trace cap)"
+        else:
+            reason = None
+        return _Job(trace_id, root, spans, path, complete, reason, entry.dropped)
+
+    def _has_run_ancestor(self, entry: _OpenTrace, span_id: int) -> bool:
+        parents = entry.parents()
+        parent, seen = parents.get(span_id), 0
+        while parent is not None and seen <= len(parents):
+            node: ReadableSpan | None = entry.open.get(parent)
+            if node is None and parent in entry.ended:
+                node = entry.ended[parent][0]
+            if node is None:
+                return False
+            if _kind(node) == k.KIND_RUN:
+                return True
+            parent, seen = parents.get(parent), seen + 1
+        return False
+
+    def _run_job(self, trace_id: int, entry: _OpenTrace, run_id: int) -> list[_Job]:
+        path = self._path_for(trace_id, run_id, final=True)
+        ids = subtree(entry.parents(), run_id)
+        jobs = [] if path is None else [self._job(trace_id, entry, run_id, ids, path, final=True)]
+        if not self._has_run_ancestor(entry, run_id):  # a nested run stays for the outer one
+            for span_id in ids:
+                entry.ended.pop(span_id, None)
+        return jobs
+
+    def _root_job(
+        self, trace_id: int, entry: _OpenTrace, root_id: int, *, write: bool
+    ) -> list[_Job]:
+        ids = subtree(entry.parents(), root_id)
+        jobs: list[_Job] = []
+        has_boundary = write and (
+            any(_kind(entry.ended[i][0]) in _BOUNDARY_KINDS for i in ids if i in entry.ended)
+            or any(_kind(entry.open[i]) in _BOUNDARY_KINDS for i in ids if i in entry.open)
+        )
+        if has_boundary:
+            path = self._path_for(trace_id, None, final=True)
+            if path is not None:
+                jobs.append(self._job(trace_id, entry, root_id, ids, path, final=True))
+        else:
+            self._destinations.pop((trace_id, None), None)
+        for span_id in ids:
+            entry.ended.pop(span_id, None)
+        if not entry.open:  # nothing else of this trace is running here
+            del self._traces[trace_id]
+            for key in [key for key in self._destinations if key[0] == trace_id]:
+                del self._destinations[key]
+        return jobs
+
+    def _refused_job(
+        self, span: ReadableSpan, payloads: dict[str, Payload], is_local_root: bool
+    ) -> list[_Job]:
+        ctx = span.get_span_context()
+        assert ctx is not None
+        dropped = self._refused[ctx.trace_id]
+        if is_local_root:
+            del self._refused[ctx.trace_id]
+        if _kind(span) != k.KIND_RUN:
+            return []
+        path = self._path_for(ctx.trace_id, ctx.span_id, final=True)
+        if path is None:
+            return []
+        reason = (
+            f"trace not buffered: {self.max_open_traces} traces were already open "
+            "(max_open_traces); only the run itself is recorded"
+        )
+        return [_Job(ctx.trace_id, ctx.span_id, [(span, payloads)], path, False, reason, dropped)]
+
+    # -- flush / shutdown ------------------------------------------------------------------------
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Write every open trace that holds boundary spans, marked incomplete."""
+        """Write a snapshot of every open run (and, with a directory, of boundary spans outside
+        runs), marked incomplete; the runs keep being recorded."""
         with handle_internal_errors("flushing open traces"):
+            jobs: list[_Job] = []
             with self._lock:
-                pending = [
-                    (trace_id, entry, self._destinations.pop(trace_id, None))
-                    for trace_id, entry in self._traces.items()
-                    if entry.has_boundary
-                    or any((s.attributes or {}).get(k.KIND) for s in entry.open.values())
-                ]
-                for trace_id, _, _ in pending:
-                    del self._traces[trace_id]
-            for trace_id, entry, destination in pending:
-                self._write(
-                    trace_id,
-                    entry,
-                    destination,
-                    complete=False,
-                    reason="the run had not finished when the processor was flushed",
-                )
+                for trace_id, entry in self._traces.items():
+                    jobs.extend(self._snapshot_jobs(trace_id, entry))
+            self._write_all(jobs)
         return True
+
+    def _snapshot_jobs(self, trace_id: int, entry: _OpenTrace) -> list[_Job]:
+        parents = entry.parents()
+        spans: dict[int, ReadableSpan] = dict(entry.open)
+        spans.update((i, s) for i, (s, _) in entry.ended.items())
+        runs = [i for i, s in spans.items() if _kind(s) == k.KIND_RUN]
+        jobs: list[_Job] = []
+        covered: set[int] = set()
+        for run_id in runs:
+            if self._has_run_ancestor(entry, run_id):
+                continue
+            ids = subtree(parents, run_id)
+            covered |= ids
+            path = self._path_for(trace_id, run_id, final=False)
+            if path is not None:
+                jobs.append(self._job(trace_id, entry, run_id, ids, path, final=False))
+        rest = set(spans) - covered
+        if any(_kind(spans[i]) in _BOUNDARY_KINDS for i in rest):
+            path = self._path_for(trace_id, None, final=False)
+            if path is not None:
+                jobs.append(self._job(trace_id, entry, None, rest, path, final=False))
+        return jobs
 
     def shutdown(self) -> None:
         if self._shutdown:
             return
         self.force_flush()
-        self._shutdown = True
+        with self._lock:
+            self._shutdown = True
+            self._traces.clear()
+            self._refused.clear()
+            self._destinations.clear()
         with boundaries._side_lock:
             boundaries.side_channel_listeners -= 1
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def _write(
-        self,
-        trace_id: int,
-        entry: _OpenTrace,
-        destination: Path | None,
-        *,
-        complete: bool,
-        reason: str | None,
-    ) -> None:
-        if destination is None and self.directory is None:
-            return  # not a record(...) run and no directory configured: nothing to write
+    def _write_all(self, jobs: list[_Job]) -> None:
+        for job in jobs:
+            with handle_internal_errors(f"writing the bundle {job.path}"):
+                self._write(job)
+
+    def _write(self, job: _Job) -> None:
         token = context_api.attach(context_api.set_value(_SUPPRESS_KEY, True))
         try:
-            records = [span_record(span, payloads) for span, payloads in entry.ended]
-            with boundaries._side_lock:
-                for span_id in entry.open:
-                    payloads = boundaries.side_payloads.pop(span_id, {})
-                    records.append(span_record(entry.open[span_id], payloads))
+            records = [span_record(span, payloads) for span, payloads in job.spans]
+            root = None if job.root_span_id is None else format(job.root_span_id, "016x")
+            if root is not None and all(r.span_id != root for r in records):
+                root = None  # the root itself was dropped at the per-trace cap
             trace = spans_to_trace(
-                records, complete=complete, incomplete_reason=reason, dropped_spans=entry.dropped
+                records,
+                complete=job.complete,
+                incomplete_reason=job.reason,
+                dropped_spans=job.dropped,
+                root_span_id=root,
             )
-            save_trace(trace, destination or self._default_path(trace_id, None))
-            self.stats.bundles_written += 1
+            save_trace(trace, job.path)
+            with self._lock:
+                self.stats.bundles_written += 1
         except Exception:
-            self.stats.write_errors += 1
+            with self._lock:
+                self.stats.write_errors += 1
             raise
         finally:
             context_api.detach(token)

@@ -68,16 +68,23 @@ def configure(
     redactor: Redactor | None = None,
     max_span_payload_bytes: int | None = None,
     capture_content: bool | None = None,
-    max_open_traces: int = 1000,
-    max_spans_per_trace: int = 10_000,
+    max_open_traces: int | None = None,
+    max_spans_per_trace: int | None = None,
 ) -> SftraceSpanProcessor:
     """Attach stepfork to OpenTelemetry and set recording options; returns the bundle processor.
 
     ``directory``: where every trace holding boundary spans is written as ``<trace_id>.sftrace``
     when its local root span ends (``record(path)`` runs go to their own path). Calling
     ``configure`` again replaces the options and, if ``directory`` or ``tracer_provider`` is given,
-    the processor.
+    the processor. ``max_open_traces`` (default 1000) and ``max_spans_per_trace`` (default
+    10,000) bound the processor's memory (see :class:`SftraceSpanProcessor`).
     """
+    for name, cap in (
+        ("max_open_traces", max_open_traces),
+        ("max_spans_per_trace", max_spans_per_trace),
+    ):
+        if cap is not None and cap < 1:
+            raise ValueError(f"{name} must be >= 1")
     changes: dict[str, object] = {}
     if redactor is not None:
         changes["redactor"] = redactor
@@ -92,11 +99,17 @@ def configure(
     with _lock:
         current = _settings.bundle_processor
         if current is not None and directory is None and tracer_provider is None:
+            if max_open_traces is not None:
+                current.max_open_traces = max_open_traces
+            if max_spans_per_trace is not None:
+                current.max_spans_per_trace = max_spans_per_trace
             return current
         if current is not None:
             current.shutdown()  # detaches from the side channel; the provider keeps a no-op
         processor = SftraceSpanProcessor(
-            directory, max_open_traces=max_open_traces, max_spans_per_trace=max_spans_per_trace
+            directory,
+            max_open_traces=1000 if max_open_traces is None else max_open_traces,
+            max_spans_per_trace=10_000 if max_spans_per_trace is None else max_spans_per_trace,
         )
         _attach(tracer_provider, processor)
         _settings.bundle_processor = processor

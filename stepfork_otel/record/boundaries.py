@@ -24,11 +24,11 @@ import threading
 import time
 import typing
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, overload
 
+from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
@@ -48,14 +48,32 @@ R = TypeVar("R")
 # Each boundary span carries the number of the call within its trace, taken together with its
 # start time under one lock, so "the order in which calls started" is the same whether it is read
 # from timestamps or numbers, across threads and tasks, and survives batches arriving out of order.
+# Start times come from a clock that never repeats or goes back within the process (the wall clock,
+# nudged forward by a nanosecond when it did not advance), so two calls never tie.
 
 _seq_lock = threading.Lock()
 _seq_by_trace: OrderedDict[int, itertools.count[int]] = OrderedDict()
 _MAX_TRACKED_TRACES = 4096
+_last_start = 0
+
+
+def _tick() -> int:
+    global _last_start
+    now = time.time_ns()
+    if now <= _last_start:
+        now = _last_start + 1
+    _last_start = now
+    return now
+
+
+def call_start_time() -> int:
+    """A start time (ns) later than every start time handed out before in this process."""
+    with _seq_lock:
+        return _tick()
 
 
 def next_call_number(trace_id: int) -> tuple[int, int]:
-    """(sequence number, start time in ns) for a new call in ``trace_id`` (0 = a new trace)."""
+    """(sequence number, start time in ns) for a new call in the existing trace ``trace_id``."""
     with _seq_lock:
         counter = _seq_by_trace.get(trace_id)
         if counter is None:
@@ -64,7 +82,15 @@ def next_call_number(trace_id: int) -> tuple[int, int]:
                 _seq_by_trace.popitem(last=False)
         else:
             _seq_by_trace.move_to_end(trace_id)
-        return next(counter), time.time_ns()
+        return next(counter), _tick()
+
+
+def _first_call_of_trace(trace_id: int) -> None:
+    """A boundary span that opened a new trace took number 1: continue from 2."""
+    with _seq_lock:
+        _seq_by_trace[trace_id] = itertools.count(2)
+        if len(_seq_by_trace) > _MAX_TRACKED_TRACES:
+            _seq_by_trace.popitem(last=False)
 
 
 # --- side channel for the local bundle processor -------------------------------------------------
@@ -80,7 +106,8 @@ side_channel_listeners = 0
 
 
 def _keep_payload(span: Span, key: str, payload: Payload) -> None:
-    if side_channel_listeners:
+    # A span a sampler dropped never reaches a processor: keeping its payload would leak it.
+    if side_channel_listeners and span.is_recording():
         span_id = span.get_span_context().span_id
         with _side_lock:
             side_payloads.setdefault(span_id, {})[key] = payload
@@ -110,14 +137,25 @@ def set_payload_attributes(span: Span, key: str, payload: Payload) -> None:
 
 
 def record_failure(span: Span, exc: BaseException) -> None:
-    """Mark a span failed with the exception's type and *redacted* message (never the raw one)."""
+    """Mark a span failed with the exception's type and *redacted* message (never the raw one).
+
+    The sanitised ``exception`` event replaces OTel's ``record_exception``, which would copy the
+    raw message (secrets included) and the traceback onto the span."""
     error_type = qualified_name(type(exc))
-    message = _settings.settings().redactor.redact_message(str(exc))
+    message = _settings.settings().redactor.redact_message(_message(exc))
+    _keep_payload(span, k.ERROR_MESSAGE, Payload.from_text(message))  # whole, past length limits
     span.set_attribute(k.STATUS, k.STATUS_ERROR)
     span.set_attribute(k.ERROR_TYPE, error_type)
     span.set_attribute(k.ERROR_MESSAGE, message)
     span.add_event(k.EXCEPTION_EVENT, {k.EXCEPTION_TYPE: error_type, k.EXCEPTION_MESSAGE: message})
     span.set_status(Status(StatusCode.ERROR, f"{error_type}: {message}"))
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # a broken __str__ must not hide the user's exception
+        return f"<unprintable {type(exc).__name__}>"
 
 
 def qualified_name(cls: type) -> str:
@@ -188,22 +226,46 @@ def _prepare_llm(
     return _Prepared(call, f"{operation} {model}", SpanKind.CLIENT, attributes)
 
 
-@contextmanager
-def _boundary_span(prepared: _Prepared) -> Iterator[Span]:
-    parent = trace_api.get_current_span().get_span_context()
-    seq, start = next_call_number(parent.trace_id if parent.is_valid else 0)
-    prepared.attributes[k.CALL_SEQ] = seq
-    with _settings.tracer().start_as_current_span(
-        prepared.span_name,
-        kind=prepared.span_kind,
-        attributes=prepared.attributes,
-        start_time=start,
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        with handle_internal_errors("writing the call input on its span"):
-            set_payload_attributes(span, k.INPUT, prepared.call.input)
-        yield span
+def _fail_or_log(what: str) -> None:
+    """Inside a replay session a call that cannot be recorded cannot be matched either; running
+    it live instead would be exactly the silent fallback replay promises never to make."""
+    if _internal.RAISE_INTERNAL_ERRORS or current_session.get() is not None:
+        raise  # always called from an except block
+    log_internal_error(what)
+
+
+def _open_span(prepared: _Prepared) -> tuple[Span, object] | None:
+    """Start the boundary span and make it current; None (logged) if stepfork itself failed."""
+    try:
+        parent = trace_api.get_current_span().get_span_context()
+        if parent.is_valid:
+            seq, start = next_call_number(parent.trace_id)
+        else:
+            seq, start = 1, call_start_time()
+        prepared.attributes[k.CALL_SEQ] = seq
+        span = _settings.tracer().start_span(
+            prepared.span_name,
+            kind=prepared.span_kind,
+            attributes=prepared.attributes,
+            start_time=start,
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+        if not parent.is_valid:
+            _first_call_of_trace(span.get_span_context().trace_id)
+        token = context_api.attach(trace_api.set_span_in_context(span))
+    except Exception:
+        _fail_or_log("opening a boundary span")
+        return None
+    with handle_internal_errors("writing the call input on its span"):
+        set_payload_attributes(span, k.INPUT, prepared.call.input)
+    return span, token
+
+
+def _close_span(span: Span, token: object) -> None:
+    with handle_internal_errors("ending a boundary span"):
+        context_api.detach(token)  # type: ignore[arg-type]
+        span.end()
 
 
 def _decide(prepared: _Prepared, span: Span) -> ReplayDecision | None:
@@ -268,18 +330,16 @@ def _prepare_or_log(build: Callable[[], _Prepared]) -> _Prepared | None:
     try:
         return build()
     except Exception:
-        if _internal.RAISE_INTERNAL_ERRORS or current_session.get() is not None:
-            # Inside a replay session an unrecordable call cannot be matched; running it live
-            # instead would be exactly the silent fallback replay promises never to make.
-            raise
-        log_internal_error("preparing a boundary call")
+        _fail_or_log("preparing a boundary call")
         return None
 
 
 def _run_sync(prepared: _Prepared | None, body: Callable[[], R]) -> R:
-    if prepared is None:
-        return body()
-    with _boundary_span(prepared) as span:
+    opened = None if prepared is None else _open_span(prepared)
+    if prepared is None or opened is None:
+        return body()  # stepfork could not record this call (logged): the call still runs
+    span, token = opened
+    try:
         decision = _decide(prepared, span)
         if decision is not None and decision.action == "substituted":
             return typing.cast(R, _finish_substituted(span, decision))
@@ -290,12 +350,16 @@ def _run_sync(prepared: _Prepared | None, body: Callable[[], R]) -> R:
             raise
         _finish_ok(span, prepared, result, decision)
         return result
+    finally:
+        _close_span(span, token)
 
 
 async def _run_async(prepared: _Prepared | None, body: Callable[[], Awaitable[R]]) -> R:
-    if prepared is None:
+    opened = None if prepared is None else _open_span(prepared)
+    if prepared is None or opened is None:
         return await body()
-    with _boundary_span(prepared) as span:
+    span, token = opened
+    try:
         decision = _decide(prepared, span)
         if decision is not None and decision.action == "substituted":
             return typing.cast(R, _finish_substituted(span, decision))
@@ -306,12 +370,21 @@ async def _run_async(prepared: _Prepared | None, body: Callable[[], Awaitable[R]
             raise
         _finish_ok(span, prepared, result, decision)
         return result
+    finally:
+        _close_span(span, token)
+
+
+def _field(value: Any, name: str) -> Any:
+    return value.get(name) if isinstance(value, dict) else getattr(value, name, None)
 
 
 def _set_usage(span: Span, response: Any) -> None:
-    usage = (
-        response.get("usage") if isinstance(response, dict) else getattr(response, "usage", None)
-    )
+    """``gen_ai.response.model`` and ``gen_ai.usage.*`` from a dict or object response (OpenAI
+    ``prompt_tokens``/``completion_tokens`` or Anthropic ``input_tokens``/``output_tokens``)."""
+    model = _field(response, "model")
+    if isinstance(model, str):
+        span.set_attribute(k.GEN_AI_RESPONSE_MODEL, model)
+    usage = _field(response, "usage")
     if usage is None:
         return
     for attribute, names in (
@@ -319,7 +392,7 @@ def _set_usage(span: Span, response: Any) -> None:
         (k.GEN_AI_USAGE_OUTPUT_TOKENS, ("output_tokens", "completion_tokens")),
     ):
         for name in names:
-            value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
+            value = _field(usage, name)
             if isinstance(value, int) and not isinstance(value, bool):
                 span.set_attribute(attribute, value)
                 break
@@ -414,6 +487,12 @@ def trace_tool(
     return decorate
 
 
+#: Test switch (set by the pytest plugin, ``stepfork_otel.pytest_plugin``): when not None, it is
+#: called with ``(provider, model)`` before an LLM call would run live outside a replay session,
+#: and raises to refuse it. None (the default) changes nothing.
+live_llm_guard: Callable[[str, str], None] | None = None
+
+
 def llm_request(
     *,
     provider: str,
@@ -431,6 +510,8 @@ def llm_request(
     client's pydantic response model); without it replay returns the recorded JSON value.
     """
     policy = ReplayPolicy.parse(replay_policy)
+    if live_llm_guard is not None and current_session.get() is None:
+        live_llm_guard(provider, model)
     prepared = _prepare_or_log(
         lambda: _prepare_llm(provider, model, operation, input, policy, response_type)
     )
@@ -449,6 +530,8 @@ async def allm_request(
 ) -> R:
     """``llm_request`` for async clients: ``call()`` returns an awaitable."""
     policy = ReplayPolicy.parse(replay_policy)
+    if live_llm_guard is not None and current_session.get() is None:
+        live_llm_guard(provider, model)
     prepared = _prepare_or_log(
         lambda: _prepare_llm(provider, model, operation, input, policy, response_type)
     )

@@ -8,6 +8,7 @@ written by the :class:`~stepfork_otel.otel.processor.SftraceSpanProcessor` when 
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from types import TracebackType
@@ -20,10 +21,11 @@ from opentelemetry.trace import Span, SpanKind
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors
 from stepfork_otel.record import settings as _settings
-from stepfork_otel.record.boundaries import next_call_number, record_failure, set_payload_attributes
+from stepfork_otel.record.boundaries import call_start_time, record_failure, set_payload_attributes
 from stepfork_otel.record.payload import capture
 from stepfork_otel.trace.models import Trace
 
+logger = logging.getLogger("stepfork_otel")
 _UNSET: Any = object()
 
 
@@ -67,21 +69,26 @@ class RunRecorder:
     @property
     def trace(self) -> Trace:
         """The bundle written for this run (after the ``with`` block)."""
+        if self._span is not None:
+            raise RuntimeError("this run has no bundle yet: it is still running")
         if self.path is None:
-            raise RuntimeError("this run has no bundle (still running, or no bundle processor)")
+            raise RuntimeError("this run has no bundle (not sampled, or no bundle processor)")
         return Trace.load(self.path)
 
     # -- context manager -------------------------------------------------------------------------
 
     def __enter__(self) -> RunRecorder:
+        with handle_internal_errors("starting a run"):
+            self._start()
+        return self
+
+    def _start(self) -> None:
         from stepfork_otel import __version__
         from stepfork_otel.otel.setup import ensure_bundle_processor
 
         processor = None
         with handle_internal_errors("attaching the bundle processor"):
             processor = ensure_bundle_processor()
-        parent = trace_api.get_current_span().get_span_context()
-        _, start = next_call_number(parent.trace_id if parent.is_valid else 0)
         attributes: dict[str, Any] = {
             k.KIND: k.KIND_RUN,
             k.CALL_SEQ: 0,
@@ -99,7 +106,7 @@ class RunRecorder:
             f"{k.OP_INVOKE_AGENT} {self.name}",
             kind=SpanKind.INTERNAL,
             attributes=attributes,
-            start_time=start,
+            start_time=call_start_time(),
             record_exception=False,
             set_status_on_exception=False,
         )
@@ -112,10 +119,17 @@ class RunRecorder:
                 set_payload_attributes(
                     span, k.INPUT, capture(self._input, _settings.settings().redactor)
                 )
-        if processor is not None and span_context.is_valid:
+        if not span.is_recording():
+            logger.warning(
+                "stepfork_otel: the run %r was not sampled by the tracer provider's sampler; "
+                "no bundle is written for it",
+                self.name,
+            )
+        elif processor is not None:
             with handle_internal_errors("registering the bundle destination"):
-                self.path = processor.set_destination(span_context.trace_id, self._destination)
-        return self
+                self.path = processor.set_destination(
+                    span_context.trace_id, self._destination, span_id=span_context.span_id
+                )
 
     def __exit__(
         self,
@@ -126,6 +140,7 @@ class RunRecorder:
         span = self._span
         if span is None:
             return
+        self._span = None
         with handle_internal_errors("recording the run outcome"):
             if self._output is not _UNSET:
                 set_payload_attributes(
@@ -135,10 +150,11 @@ class RunRecorder:
                 record_failure(span, exc)
             else:
                 span.set_attribute(k.STATUS, k.STATUS_OK)
-        if self._token is not None:
-            context_api.detach(self._token)  # type: ignore[arg-type]
-            self._token = None
-        span.end()  # the processor writes the bundle here
+        with handle_internal_errors("ending the run"):
+            if self._token is not None:
+                token, self._token = self._token, None
+                context_api.detach(token)  # type: ignore[arg-type]
+            span.end()  # the processor writes the bundle here
         if self.path is not None and not self.path.exists():
             self.path = None
 
@@ -164,9 +180,10 @@ def record(
 ) -> RunRecorder:
     """Record one run into a bundle.
 
-    ``destination`` is a file path (``failure.sftrace``) or an existing directory (the bundle is
-    named after the trace id); None uses the directory given to ``configure()``. ``input`` (any
-    JSON-able value) is stored redacted. Works with no prior configuration: when no SDK
-    ``TracerProvider`` is set, the embedded default is installed.
+    ``destination`` is a file path (``failure.sftrace``) or a directory -- an existing one, or a
+    path ending in a separator -- where the bundle is named after the trace id; None uses the
+    directory given to ``configure()``. ``input`` (any JSON-able value) is stored redacted. Works
+    with no prior configuration: when no SDK ``TracerProvider`` is set, the embedded default is
+    installed.
     """
     return RunRecorder(destination, input=input, name=name, entrypoint=entrypoint, keep=keep)

@@ -1,0 +1,357 @@
+"""One test per entry point: a failure inside stepfork itself is logged, never raised, and the
+user's call still returns its real result. The one deliberate exception: inside a replay session
+a call that cannot be recorded raises, because running it live would be a silent fallback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Recording
+
+import stepfork_otel._internal as internal
+import stepfork_otel.otel.processor as processor_module
+from stepfork_otel import ReplaySession, Trace, allm_request, llm_request, record, trace_tool
+from stepfork_otel.record import boundaries
+from stepfork_otel.record import run as run_module
+
+
+class Forced(Exception):
+    """The deliberate internal failure."""
+
+
+def explode(*args: Any, **kwargs: Any) -> Any:
+    raise Forced("stepfork bug")
+
+
+@pytest.fixture
+def logged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> Iterator[pytest.LogCaptureFixture]:
+    """Internal errors logged (as in production), captured from the "stepfork_otel" logger."""
+    monkeypatch.setattr(internal, "RAISE_INTERNAL_ERRORS", False)
+    with caplog.at_level("ERROR", logger="stepfork_otel"):
+        yield caplog
+
+
+def internal_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    found = []
+    for rec in caplog.records:
+        if rec.name == "stepfork_otel" and rec.levelname == "ERROR":
+            assert rec.exc_info is not None
+            assert isinstance(rec.exc_info[1], Forced)
+            found.append(rec.getMessage())
+    return found
+
+
+calls: list[str] = []
+
+
+@trace_tool
+def tool(x: int) -> int:
+    calls.append("tool")
+    return x * 2
+
+
+@trace_tool
+async def atool(x: int) -> int:
+    calls.append("atool")
+    return x * 3
+
+
+@pytest.fixture(autouse=True)
+def _clear_calls() -> None:
+    calls.clear()
+
+
+# --- boundaries ----------------------------------------------------------------------------------
+
+
+def test_trace_tool_sync(
+    recording: Recording, logged: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = internal.internal_error_count
+    monkeypatch.setattr(boundaries, "capture", explode)
+    assert tool(21) == 42
+    assert calls == ["tool"]
+    assert internal_errors(logged) == [
+        "stepfork_otel internal error while preparing a boundary call; the program continues"
+    ]
+    assert internal.internal_error_count == before + 1
+
+
+def test_trace_tool_sync_span_start(
+    recording: Recording, logged: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(boundaries, "call_start_time", explode)
+    assert tool(2) == 4
+    assert calls == ["tool"]
+    assert internal_errors(logged) == [
+        "stepfork_otel internal error while opening a boundary span; the program continues"
+    ]
+    assert recording.exporter.get_finished_spans() == ()
+
+
+async def test_trace_tool_async(
+    recording: Recording, logged: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(boundaries, "capture", explode)
+    assert await atool(5) == 15
+    assert calls == ["atool"]
+    assert len(internal_errors(logged)) == 1
+
+
+def test_llm_request(
+    recording: Recording, logged: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(boundaries, "model_fingerprint", explode)
+    assert llm_request(provider="p", model="m", input="hi", call=lambda: "reply") == "reply"
+    assert internal_errors(logged) == [
+        "stepfork_otel internal error while preparing a boundary call; the program continues"
+    ]
+
+
+async def test_allm_request(
+    recording: Recording, logged: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(boundaries, "model_fingerprint", explode)
+
+    async def call() -> str:
+        return "async reply"
+
+    assert await allm_request(provider="p", model="m", input="hi", call=call) == "async reply"
+    assert len(internal_errors(logged)) == 1
+
+
+def test_recording_the_output_fails(
+    recording: Recording, logged: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = boundaries.capture
+    monkeypatch.setattr(
+        boundaries,
+        "capture",
+        lambda value, redactor: explode() if value == 42 else real(value, redactor),
+    )
+    assert tool(21) == 42
+    assert internal_errors(logged) == [
+        "stepfork_otel internal error while recording a call output; the program continues"
+    ]
+
+
+def test_user_exceptions_pass_through_a_failing_recorder(
+    recording: Recording, logged: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @trace_tool
+    def fails() -> None:
+        raise LookupError("the user's own error")
+
+    monkeypatch.setattr(boundaries, "record_failure", explode)
+    with pytest.raises(LookupError, match="the user's own error"):
+        fails()
+    assert internal_errors(logged) == [
+        "stepfork_otel internal error while recording a call failure; the program continues"
+    ]
+
+
+def test_set_payload_attributes(
+    recording: Recording, logged: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(boundaries, "_keep_payload", explode)
+    assert tool(4) == 8
+    assert internal_errors(logged) == [
+        "stepfork_otel internal error while writing the call input on its span; the program "
+        "continues",
+        "stepfork_otel internal error while recording a call output; the program continues",
+    ]
+    (span,) = recording.exporter.get_finished_spans()  # the span itself was still ended
+    assert span.name == "execute_tool tool"
+
+
+# --- record(...) ---------------------------------------------------------------------------------
+
+
+def test_record_enter(
+    recording: Recording,
+    logged: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setattr(run_module, "call_start_time", explode)
+    with record(tmp_path / "r.sftrace") as run:
+        assert tool(1) == 2
+        run.set_output("done")
+    assert run.path is None
+    assert internal_errors(logged) == [
+        "stepfork_otel internal error while starting a run; the program continues"
+    ]
+
+
+def test_record_enter_without_a_processor(
+    recording: Recording,
+    logged: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    import stepfork_otel.otel.setup as setup_module
+
+    monkeypatch.setattr(setup_module, "ensure_bundle_processor", explode)
+    with record(tmp_path / "r.sftrace") as run:
+        assert tool(1) == 2
+    assert run.path is None
+    assert internal_errors(logged) == [
+        "stepfork_otel internal error while attaching the bundle processor; the program continues"
+    ]
+
+
+def test_record_exit(
+    recording: Recording,
+    logged: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setattr(run_module, "record_failure", explode)
+    with pytest.raises(KeyError), record(tmp_path / "r.sftrace") as run:
+        raise KeyError("the agent's own failure")
+    assert internal_errors(logged) == [
+        "stepfork_otel internal error while recording the run outcome; the program continues"
+    ]
+    assert run.path == tmp_path / "r.sftrace"  # the span still ended and the bundle was written
+    assert Trace.load(run.path).run.status == "unset"
+
+
+# --- processor -----------------------------------------------------------------------------------
+
+
+def test_processor_on_start(
+    recording: Recording,
+    logged: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setattr(processor_module, "_OpenTrace", explode)
+    with record(tmp_path / "s.sftrace"):
+        assert tool(3) == 6
+    assert "tracking a started span" in internal_errors(logged)[0]
+
+
+def test_processor_on_end(
+    recording: Recording,
+    logged: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setattr(processor_module, "spans_to_trace", explode)
+    with record(tmp_path / "e.sftrace") as run:
+        assert tool(3) == 6
+        run.set_output(6)
+    assert run.path is None
+    assert internal_errors(logged) == [
+        f"stepfork_otel internal error while writing the bundle {tmp_path / 'e.sftrace'}; "
+        "the program continues"
+    ]
+    assert recording.processor.stats.write_errors == 1
+
+
+def test_processor_on_end_buffering(
+    recording: Recording,
+    logged: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setattr(processor_module, "_kind", explode)
+    with record(tmp_path / "b.sftrace"):
+        assert tool(3) == 6
+    assert internal_errors(logged)[0] == (
+        "stepfork_otel internal error while buffering a finished span; the program continues"
+    )
+
+
+def test_processor_force_flush(
+    recording: Recording,
+    logged: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    flushed: list[bool] = []
+
+    @trace_tool
+    def flushing() -> str:
+        with monkeypatch.context() as m:
+            m.setattr(processor_module, "save_trace", explode)
+            flushed.append(recording.processor.force_flush())
+        return "flushed"
+
+    with record(tmp_path / "f.sftrace"):
+        assert flushing() == "flushed"
+    assert flushed == [True]
+    assert internal_errors(logged) == [
+        f"stepfork_otel internal error while writing the bundle {tmp_path / 'f.sftrace'}; "
+        "the program continues"
+    ]
+    assert Trace.load(tmp_path / "f.sftrace").complete  # the final bundle was still written
+
+
+def test_processor_force_flush_snapshot(
+    recording: Recording,
+    logged: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    results: list[bool] = []
+
+    @trace_tool
+    def flushing() -> int:
+        with monkeypatch.context() as m:
+            m.setattr(recording.processor, "_snapshot_jobs", explode)
+            results.append(recording.provider.force_flush())
+        return 1
+
+    with record(tmp_path / "g.sftrace"):
+        assert flushing() == 1
+    assert results == [True]
+    assert internal_errors(logged) == [
+        "stepfork_otel internal error while flushing open traces; the program continues"
+    ]
+
+
+# --- the deliberate exception: inside replay, an unrecordable call raises ------------------------
+
+
+def test_inside_a_replay_session_an_unrecordable_call_raises(
+    recording: Recording,
+    logged: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    with record(tmp_path / "rec.sftrace"):
+        tool(1)
+        llm_request(provider="p", model="m", input="q", call=lambda: "a")
+    calls.clear()
+    monkeypatch.setattr(boundaries, "capture", explode)
+    with ReplaySession.from_trace(tmp_path / "rec.sftrace"):
+        with pytest.raises(Forced):
+            tool(1)
+        with pytest.raises(Forced):
+            llm_request(provider="p", model="m", input="q", call=explode)
+    assert calls == []  # the body never ran live
+    assert internal_errors(logged) == []  # raised, not logged
+
+
+def test_inside_a_replay_session_a_span_that_cannot_open_raises(
+    recording: Recording,
+    logged: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    with record(tmp_path / "rec.sftrace"):
+        tool(1)
+    calls.clear()
+    session = ReplaySession.from_trace(tmp_path / "rec.sftrace")
+    monkeypatch.setattr(boundaries, "next_call_number", explode)
+    monkeypatch.setattr(boundaries, "call_start_time", explode)
+    with session, pytest.raises(Forced):
+        tool(1)
+    assert calls == []
+    assert internal_errors(logged) == []

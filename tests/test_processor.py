@@ -1,0 +1,335 @@
+"""``SftraceSpanProcessor``: which bundles it writes, when, in which order, and within which
+bounds; and that nothing it does can raise into the program."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from contextvars import copy_context
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Recording
+from opentelemetry import trace as trace_api
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+import stepfork_otel._internal as internal
+from stepfork_otel import ErrorEvent, Trace, configure, llm_request, record, trace_tool
+from stepfork_otel.record import boundaries
+from stepfork_otel.trace.bundle import validate_structure, verify_integrity
+
+
+@trace_tool
+def lookup(key: str, limit: int = 2) -> list[str]:
+    return [f"{key}-{i}" for i in range(limit)]
+
+
+@trace_tool
+def nested(key: str) -> str:
+    return llm_request(provider="p", model="m", input={"key": key}, call=lambda: key.upper())
+
+
+def outline(trace: Trace) -> list[tuple[str, str, str | None, str | None]]:
+    return [
+        (e.type, e.id, e.parent_id, getattr(e, "input", None) or getattr(e, "output", None))
+        for e in trace.events
+    ]
+
+
+def program(path: Path) -> Trace:
+    with record(path, input={"q": 1}) as run:
+        lookup("a")
+        nested("b")
+        with contextlib.suppress(ZeroDivisionError):
+            llm_request(provider="p", model="m", input="boom", call=lambda: 1 / 0)
+        run.set_output(lookup("c", limit=1))
+    return Trace.load(path)
+
+
+def test_same_program_same_events_and_ids(recording: Recording, tmp_path: Path) -> None:
+    first = program(tmp_path / "1.sftrace")
+    second = program(tmp_path / "2.sftrace")
+    assert outline(first) == outline(second)
+    assert [e.type for e in first.events] == [
+        "tool_call",
+        "tool_result",
+        "tool_call",
+        "llm_request",
+        "llm_response",
+        "tool_result",
+        "llm_request",
+        "error",
+        "tool_call",
+        "tool_result",
+    ]
+    assert [e.seq for e in first.calls] == [1, 2, 3, 4, 5]
+    assert first.trace_id != second.trace_id
+    assert verify_integrity(first) == []
+
+
+def test_bundle_is_written_atomically_when_the_run_ends(
+    recording: Recording, tmp_path: Path
+) -> None:
+    path = tmp_path / "out" / "run.sftrace"
+    with record(path):
+        lookup("x")
+        assert not path.exists()  # nothing before the run ends
+    assert path.exists()
+    assert [p.name for p in path.parent.iterdir()] == ["run.sftrace"]  # no temporary left over
+    assert recording.processor.stats.bundles_written == 1
+    assert boundaries.side_payloads == {}  # every handed-over payload was collected
+
+
+def test_configure_directory_writes_traces_without_a_run(
+    recording: Recording, tmp_path: Path
+) -> None:
+    tracer = recording.provider.get_tracer("app")
+    with (
+        tracer.start_as_current_span("handle request") as root,
+        tracer.start_as_current_span("plan"),
+    ):
+        lookup("k")
+    with tracer.start_as_current_span("no boundary here"):
+        pass
+    trace_id = format(root.get_span_context().trace_id, "032x")
+    assert [p.name for p in recording.directory.iterdir()] == [f"{trace_id}.sftrace"]
+    trace = Trace.load(recording.directory / f"{trace_id}.sftrace")
+    assert [c.name for c in trace.context] == ["handle request", "plan"]
+    assert trace.calls[0].parent_span_id == trace.context[1].span_id
+    assert trace.run.span_id is None
+    assert trace.complete
+
+
+def test_a_remote_parent_makes_a_local_root(recording: Recording) -> None:
+    remote = SpanContext(
+        trace_id=0x1234, span_id=0x99, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED)
+    )
+    ctx = trace_api.set_span_in_context(NonRecordingSpan(remote))
+    tracer = recording.provider.get_tracer("app")
+    with tracer.start_as_current_span("server", context=ctx):
+        lookup("r")
+    trace = Trace.load(recording.directory / f"{0x1234:032x}.sftrace")
+    assert trace.context[0].parent_span_id == f"{0x99:016x}"
+    assert len(trace.calls) == 1
+
+
+def test_runs_inside_an_application_span_get_their_own_bundles(
+    recording: Recording, tmp_path: Path
+) -> None:
+    tracer = recording.provider.get_tracer("app")
+    with tracer.start_as_current_span("batch") as batch:
+        with record(tmp_path / "one.sftrace") as one:
+            lookup("1")
+        assert (tmp_path / "one.sftrace").exists()  # written when the run ended
+        lookup("between")
+        with record() as two:
+            lookup("2")
+        with record() as three:
+            lookup("3")
+    trace_id = format(batch.get_span_context().trace_id, "032x")
+    assert one.trace_id == two.trace_id == three.trace_id == trace_id
+    assert [c.input for c in Trace.load(tmp_path / "one.sftrace").calls] == [
+        '{"key":"1","limit":2}'
+    ]
+    assert two.path == recording.directory / f"{trace_id}.sftrace"
+    assert three.path is not None
+    assert three.path.name.startswith(f"{trace_id}-")  # a later run of the same trace
+    assert [c.input for c in two.trace.calls] == ['{"key":"2","limit":2}']
+    assert [c.input for c in three.trace.calls] == ['{"key":"3","limit":2}']
+    outside = recording.directory / f"{trace_id}-outside-runs.sftrace"
+    rest = Trace.load(outside)
+    assert [c.input for c in rest.calls] == ['{"key":"between","limit":2}']
+    assert [c.name for c in rest.context] == ["batch"]
+
+
+def test_a_nested_run_is_also_part_of_the_outer_run(recording: Recording, tmp_path: Path) -> None:
+    with record(tmp_path / "outer.sftrace"):
+        lookup("o1")
+        with record(tmp_path / "inner.sftrace"):
+            lookup("i")
+        lookup("o2")
+    inner = Trace.load(tmp_path / "inner.sftrace")
+    outer = Trace.load(tmp_path / "outer.sftrace")
+    assert [c.input for c in inner.calls] == ['{"key":"i","limit":2}']
+    assert [c.input for c in outer.calls] == [
+        '{"key":"o1","limit":2}',
+        '{"key":"i","limit":2}',
+        '{"key":"o2","limit":2}',
+    ]
+
+
+# --- flush and shutdown --------------------------------------------------------------------------
+
+
+def test_force_flush_writes_an_incomplete_snapshot_then_the_whole_run(
+    recording: Recording, tmp_path: Path
+) -> None:
+    path = tmp_path / "flush.sftrace"
+    snapshots: list[Trace] = []
+
+    @trace_tool
+    def slow(step: int) -> str:
+        assert recording.provider.force_flush()
+        snapshots.append(Trace.load(path))
+        return "done"
+
+    with record(path, input={"q": "flush"}):
+        lookup("before")
+        slow(1)
+    snapshot = snapshots[0]
+    assert snapshot.complete is False
+    assert snapshot.incomplete_reason == "the run had not finished when the bundle was flushed"
+    assert [e.type for e in snapshot.events] == ["tool_call", "tool_result", "tool_call"]
+    open_call = snapshot.calls[1]
+    assert snapshot.outcome_of(open_call) is None  # the call still running has no outcome
+    assert open_call.input == '{"step":1}'
+    assert snapshot.run.input == '{"q":"flush"}'
+    assert validate_structure(snapshot) == []
+    final = Trace.load(path)
+    assert final.complete is True
+    assert [e.type for e in final.events] == ["tool_call", "tool_result"] * 2
+
+
+def test_shutdown_with_an_open_run_leaves_an_incomplete_bundle(
+    recording: Recording, tmp_path: Path
+) -> None:
+    path = tmp_path / "cut.sftrace"
+
+    @trace_tool
+    def last(step: int) -> str:
+        recording.provider.shutdown()  # e.g. the process is exiting
+        return "never recorded"
+
+    with record(path) as run:
+        lookup("a")
+        assert last(2) == "never recorded"
+    assert run.path == path
+    trace = Trace.load(path)
+    assert trace.complete is False
+    assert [e.type for e in trace.events] == ["tool_call", "tool_result", "tool_call"]
+    assert trace.outcome_of(trace.calls[1]) is None
+    assert trace.run.end_time_unix_nano == 0  # the run had not ended either
+
+
+# --- bounds --------------------------------------------------------------------------------------
+
+
+def test_per_trace_cap_drops_with_a_warning_and_says_so(
+    tmp_path: Path, recording: Recording, caplog: pytest.LogCaptureFixture
+) -> None:
+    processor = configure(
+        directory=tmp_path / "capped", tracer_provider=recording.provider, max_spans_per_trace=3
+    )
+    with caplog.at_level("WARNING", logger="stepfork_otel"), record(tmp_path / "c.sftrace"):
+        for i in range(5):
+            lookup(str(i))
+    trace = Trace.load(tmp_path / "c.sftrace")
+    assert trace.complete is False
+    assert trace.dropped_spans == 3
+    assert "3 span(s) of this trace were dropped" in (trace.incomplete_reason or "")
+    assert [c.input for c in trace.calls] == ['{"key":"0","limit":2}', '{"key":"1","limit":2}']
+    assert processor.stats.dropped_spans == 3
+    assert caplog.text.count("exceeded 3 buffered spans") == 1
+
+
+def test_open_trace_cap_refuses_whole_traces_and_says_so(
+    tmp_path: Path, recording: Recording, caplog: pytest.LogCaptureFixture
+) -> None:
+    processor = configure(
+        directory=tmp_path / "capped", tracer_provider=recording.provider, max_open_traces=2
+    )
+    tracer = recording.provider.get_tracer("app")
+    held = [tracer.start_span("open 1"), tracer.start_span("open 2")]
+    with caplog.at_level("WARNING", logger="stepfork_otel"):
+        with record(tmp_path / "refused.sftrace", input={"q": "r"}):
+            lookup("lost")
+            nested("lost")
+        for span in held:
+            span.end()
+        with record(tmp_path / "after.sftrace"):  # room again
+            lookup("kept")
+    refused = Trace.load(tmp_path / "refused.sftrace")
+    assert refused.complete is False
+    assert "max_open_traces" in (refused.incomplete_reason or "")
+    assert refused.events == []
+    assert refused.run.input == '{"q":"r"}'
+    assert refused.dropped_spans == 4  # two tools, one LLM call, the run
+    assert processor.stats.dropped_traces == 1
+    assert processor.stats.dropped_spans == 4
+    assert "2 open traces already buffered" in caplog.text
+    assert Trace.load(tmp_path / "after.sftrace").complete is True
+
+
+def test_traces_whose_root_already_ended_are_evicted_first(
+    tmp_path: Path, recording: Recording
+) -> None:
+    processor = configure(
+        directory=tmp_path / "capped", tracer_provider=recording.provider, max_open_traces=1
+    )
+    tracer = recording.provider.get_tracer("app")
+    root = tracer.start_span("root")
+    late = tracer.start_span("late child", context=trace_api.set_span_in_context(root))
+    root.end()
+    late.end()  # ends after its root: nothing will ever complete this trace
+    with record(tmp_path / "ok.sftrace"):
+        lookup("x")
+    assert processor.stats.evicted_traces == 1
+    assert processor.stats.dropped_traces == 0
+    assert Trace.load(tmp_path / "ok.sftrace").complete is True
+
+
+# --- threads, errors -----------------------------------------------------------------------------
+
+
+def test_threads_inside_one_run(recording: Recording, tmp_path: Path) -> None:
+    def worker(i: int) -> None:
+        for j in range(3):
+            lookup(f"{i}-{j}")
+
+    with record(tmp_path / "t.sftrace"):
+        threads = [threading.Thread(target=copy_context().run, args=(worker, i)) for i in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    trace = Trace.load(tmp_path / "t.sftrace")
+    assert validate_structure(trace) == []
+    assert len(trace.calls) == 60
+    assert [c.seq for c in trace.calls] == list(range(1, 61))
+    for i in range(20):  # each thread's calls in its own order
+        mine = [c.input for c in trace.calls if f'"{i}-' in (c.input or "")]
+        assert mine == [f'{{"key":"{i}-{j}","limit":2}}' for j in range(3)]
+    assert trace.complete
+
+
+def test_a_failed_write_is_logged_counted_and_never_raised(
+    recording: Recording,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(internal, "RAISE_INTERNAL_ERRORS", False)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with caplog.at_level("ERROR", logger="stepfork_otel"), record(blocker / "x.sftrace") as run:
+        assert lookup("w") == ["w-0", "w-1"]
+    assert run.path is None
+    assert recording.processor.stats.write_errors == 1
+    assert "internal error while writing the bundle" in caplog.text
+
+
+def test_error_events_keep_their_order_among_calls(recording: Recording, tmp_path: Path) -> None:
+    @trace_tool
+    def fails(n: int) -> Any:
+        raise RuntimeError(f"no {n}")
+
+    with record(tmp_path / "e.sftrace"):
+        for n in range(3):
+            with pytest.raises(RuntimeError):
+                fails(n)
+            lookup(str(n))
+    trace = Trace.load(tmp_path / "e.sftrace")
+    errors = [e for e in trace.events if isinstance(e, ErrorEvent)]
+    assert [e.message for e in errors] == ["no 0", "no 1", "no 2"]
+    assert [e.type for e in trace.events] == ["tool_call", "error", "tool_call", "tool_result"] * 3
