@@ -8,16 +8,27 @@
     │   └── ReplayExhaustedError     a call after the recording was used up, or consumed twice
     ├── ReplayPolicyError            the session mode or the call's recorded policy forbids it
     ├── RecordedDependencyError      the dependency failed while recording; replayed as this
+    ├── ReplayModeError              an unknown or reserved mode, or options that do not fit the
+    │                                mode (also a ValueError: it is a bad argument)
+    ├── ReplaySessionError           the session is misused: entered twice, nested, or reached by
+    │                                a boundary after it exited
     └── BundleIntegrityError         a stored fingerprint does not match its payload (also a
                                      BundleError, so the CLI treats it as an invalid bundle)
 
 These are not internal errors: they never pass through the "log and continue" path of recording.
+
+Why structured fields first and the message second: the CLI, the pytest plugin and the JSON report
+all need the same facts (where, what was expected, what happened, which fingerprints), and a
+message parsed back into fields always drifts. So each error keeps the facts as fields
+(:meth:`ReplayError.to_dict`) and builds its message from them, once.
+
 Fingerprints in the fields and messages are full SHA-256 hex digests; the CLI abbreviates them.
 No field ever holds more than the redacted previews that are already in the bundle.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +37,12 @@ from stepfork_otel.trace.bundle import BundleError
 #: Characters of a redacted input preview shown in messages.
 PREVIEW_CHARS = 160
 
+#: ``CallDescription.fingerprint_source`` of a legacy bundle's call whose fingerprint replay computed.
+COMPUTED_FROM_TRACE = "computed from the loaded trace"
+
 
 def preview(text: str | None, limit: int = PREVIEW_CHARS) -> str:
+    """A redacted payload shortened for a message (``<not recorded>`` when absent)."""
     if text is None:
         return "<not recorded>"
     return text if len(text) <= limit else text[:limit] + "…"
@@ -42,12 +57,16 @@ class CallDescription:
     provider: str | None = None
     model: str | None = None
     input_preview: str | None = None
+    """The redacted canonical input (the full text; messages shorten it)."""
     input_sha256: str | None = None
     model_fingerprint: str | None = None
     event_id: str | None = None
     fingerprint_source: str = "stored"
     """``stored`` (from the bundle), ``computed from the loaded trace`` (legacy bundle without
     fingerprints) or ``live`` (computed from the call just made)."""
+    output_sha256: str | None = None
+    """Fingerprint of the recorded outcome (recorded calls only)."""
+    operation: str | None = None
 
     def label(self) -> str:
         if self.kind == "llm":
@@ -57,16 +76,20 @@ class CallDescription:
     def lines(self, indent: str = "    ") -> list[str]:
         out = [f"{self.label()}" + (f" ({self.event_id})" if self.event_id else "")]
         out.append(f"{indent}input: {preview(self.input_preview)}")
+        source = (
+            "" if self.fingerprint_source in ("stored", "live") else f" ({self.fingerprint_source})"
+        )
         if self.input_sha256:
-            src = (
-                ""
-                if self.fingerprint_source in ("stored", "live")
-                else f" ({self.fingerprint_source})"
-            )
-            out.append(f"{indent}input sha256: {self.input_sha256}{src}")
+            out.append(f"{indent}input sha256: {self.input_sha256}{source}")
+        if self.output_sha256:
+            out.append(f"{indent}recorded output sha256: {self.output_sha256}{source}")
         if self.kind == "llm" and self.model_fingerprint:
-            out.append(f"{indent}model fingerprint: {self.model_fingerprint}")
+            op = f" (operation {self.operation})" if self.operation else ""
+            out.append(f"{indent}model fingerprint: {self.model_fingerprint}{op}")
         return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 class ReplayError(Exception):
@@ -83,10 +106,13 @@ class ReplayError(Exception):
         after_live_call: CallDescription | None = None,
     ) -> None:
         self.reason = reason
+        """One line: what went wrong."""
         self.position = position
-        """1-based number of the call (in the live run) where replay stopped."""
+        """1-based number of the call (in this run) where replay stopped; None: not at a call."""
         self.expected = expected
+        """The recorded call replay expected here."""
         self.actual = actual
+        """The call this run made."""
         self.details = list(details or [])
         self.after_live_call = after_live_call
         """Hybrid/live: the last LLM call that ran live before this divergence."""
@@ -94,18 +120,20 @@ class ReplayError(Exception):
 
     @property
     def fingerprints(self) -> dict[str, str | None]:
-        """The fingerprints involved, by role."""
+        """The fingerprints involved, by role (full SHA-256 hex digests)."""
+        exp, act = self.expected, self.actual
         return {
-            "expected_input_sha256": self.expected.input_sha256 if self.expected else None,
-            "actual_input_sha256": self.actual.input_sha256 if self.actual else None,
-            "expected_model_fingerprint": self.expected.model_fingerprint
-            if self.expected
-            else None,
-            "actual_model_fingerprint": self.actual.model_fingerprint if self.actual else None,
+            "expected_input_sha256": exp.input_sha256 if exp else None,
+            "actual_input_sha256": act.input_sha256 if act else None,
+            "expected_output_sha256": exp.output_sha256 if exp else None,
+            "expected_model_fingerprint": exp.model_fingerprint if exp else None,
+            "actual_model_fingerprint": act.model_fingerprint if act else None,
         }
 
     def _build_message(self) -> str:
-        head = f"call {self.position}: {self.reason}" if self.position else self.reason
+        head = (
+            f"at call {self.position} of this run: {self.reason}" if self.position else self.reason
+        )
         lines = [head]
         if self.expected is not None:
             exp = self.expected.lines()
@@ -116,9 +144,10 @@ class ReplayError(Exception):
             lines.append(f"  actual (this run):   {act[0]}")
             lines.extend(f"  {line}" for line in act[1:])
         if self.after_live_call is not None:
+            live = self.after_live_call
             lines.append(
-                f"  this followed the live {self.after_live_call.label()} call "
-                f"({self.after_live_call.event_id or 'not recorded'}): its new answer led here"
+                f"  this followed the live {live.label()} call ({live.event_id or 'not recorded'}), "
+                "which ran again instead of being substituted: its answer led the agent here"
             )
         lines.extend(f"  {d}" for d in self.details)
         return "\n".join(lines)
@@ -127,7 +156,7 @@ class ReplayError(Exception):
         """The structured fields, JSON-ready (used by ``stepfork replay --json``)."""
 
         def desc(d: CallDescription | None) -> dict[str, Any] | None:
-            return None if d is None else dict(d.__dict__.items())
+            return None if d is None else d.to_dict()
 
         return {
             "type": type(self).__name__,
@@ -136,7 +165,9 @@ class ReplayError(Exception):
             "expected": desc(self.expected),
             "actual": desc(self.actual),
             "after_live_call": desc(self.after_live_call),
-            "details": self.details,
+            "details": list(self.details),
+            "fingerprints": self.fingerprints,
+            "message": str(self),
         }
 
 
@@ -149,14 +180,27 @@ class ReplayExhaustedError(ReplayMismatchError):
 
 
 class ReplayPolicyError(ReplayError):
-    """The session mode, the allowlist or the call's recorded replay policy forbids this call."""
+    """The session mode, the allowlist or the call's recorded replay policy forbids this call.
+
+    Raised before the body runs and before the recorded response is consumed: the replay cursor
+    stays on the refused call."""
+
+
+class ReplayModeError(ReplayError, ValueError):
+    """An unknown or reserved replay mode, or session options that do not fit the mode."""
+
+
+class ReplaySessionError(ReplayError):
+    """The session is used outside its life: entered twice, entered inside another active session,
+    or reached by a boundary after it exited (e.g. from a thread started with a copied context)."""
 
 
 class RecordedDependencyError(ReplayError):
     """The dependency raised while recording; replay raises this in its place.
 
     ``error_type`` is the recorded exception's qualified type name and ``message`` its redacted
-    message. The original exception class is never imported from the bundle.
+    message. The original exception class is never imported from the bundle, so code that caught
+    the original type will not catch this one: that difference is deliberate and documented.
     """
 
     def __init__(
@@ -175,6 +219,12 @@ class RecordedDependencyError(ReplayError):
             expected=expected,
         )
 
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["error_type"] = self.error_type
+        out["error_message"] = self.message
+        return out
+
 
 class BundleIntegrityError(BundleError, ReplayError):
     """A stored fingerprint does not match its recorded payload: the bundle is rejected."""
@@ -183,12 +233,13 @@ class BundleIntegrityError(BundleError, ReplayError):
         self.problems = problems
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         reason = (
-            f"bundle rejected, integrity check failed: {problems[0]}{more}; "
-            "run `stepfork validate --verify-integrity` for the full list"
+            f"bundle rejected, integrity check failed: {problems[0]}{more}; the bundle was "
+            "edited or corrupted after it was written. Run `stepfork validate --verify-integrity` "
+            "for the full list"
         )
         BundleError.__init__(self, path, reason)
         self.position = None
         self.expected = None
         self.actual = None
-        self.details = problems
+        self.details = list(problems)
         self.after_live_call = None

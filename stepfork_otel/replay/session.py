@@ -3,29 +3,39 @@
 The session is consulted by the boundaries (the same code that records) through a context
 variable, before any dependency body could run. It holds one strict cursor over the recorded calls
 in the order they started. For each call it checks, in order: position (and nesting), kind, tool
-name, LLM provider and model, the redacted canonical input, the recorded fingerprints; then the
-session mode and the call's recorded replay policy decide whether the call is substituted from the
-recording, executed, or refused. Nothing from the bundle is ever executed or imported.
+name, LLM provider and model, the redacted canonical input, the fingerprints (input, and the model
+fingerprint that covers the operation); then the call's recorded replay policy and the session
+mode decide whether the call is substituted from the recording, executed, or refused. Nothing
+from the bundle is ever executed or imported: error types are strings, values are JSON.
 
 Why a single cursor and not matching "by name" or "by input": an agent that calls the same tool
 twice with the same arguments must get the two recorded answers in order, and an agent that skips
 or reorders a call must be told so; matching by content alone silently serves the wrong answer.
-The price is that the order of concurrent calls must also be reproduced (documented).
+The price is that the order of concurrent calls must also be reproduced (documented). Content is
+still used, but only to explain a divergence: when the call made is recorded *later*, the error
+says the order differs instead of just "name differs".
+
+Why refusals never move the cursor: a refused call (policy, mismatch) has not consumed its
+recorded answer, so an agent that catches the error and carries on is matched against the same
+recorded call, and ``verify_complete()`` still sees it pending. Every error raised at a call is
+also kept in :attr:`ReplaySession.errors`, so a divergence the agent swallowed still fails
+``verify_complete()`` and the trajectory assertions.
 """
 
 from __future__ import annotations
 
-import logging
+import contextlib
+import dataclasses
+import gc
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
 
-from pydantic import ConfigDict, PydanticUserError, TypeAdapter
-
+from stepfork_otel.record import settings as _settings
 from stepfork_otel.record.payload import Payload
 from stepfork_otel.replay.context import BoundaryCall, ReplayDecision, current_session
 from stepfork_otel.replay.errors import (
@@ -35,64 +45,37 @@ from stepfork_otel.replay.errors import (
     ReplayError,
     ReplayExhaustedError,
     ReplayMismatchError,
+    ReplayModeError,
     ReplayPolicyError,
+    ReplaySessionError,
 )
-from stepfork_otel.trace.bundle import load_any, verify_integrity
+from stepfork_otel.replay.plan import (
+    RecordedCall,
+    build_plan,
+    descendants,
+    model_fingerprint_problems,
+)
+from stepfork_otel.replay.values import rebuild
+from stepfork_otel.trace.bundle import BundleError, load_any, validate_structure, verify_integrity
 from stepfork_otel.trace.canonical import UNSERIALISABLE_MARKER, sha256_hex
-from stepfork_otel.trace.models import (
-    ErrorEvent,
-    LlmRequest,
-    LlmResponse,
-    OutcomeEvent,
-    ToolCall,
-    ToolResult,
-    Trace,
-    payload_value,
-)
+from stepfork_otel.trace.models import ErrorEvent, LlmRequest, ToolCall, Trace, payload_value
 from stepfork_otel.trace.policy import ReplayMode, ReplayPolicy
 
-logger = logging.getLogger("stepfork_otel")
+__all__ = [
+    "Action",
+    "Approver",
+    "RecordedCall",
+    "ReplayResult",
+    "ReplaySession",
+    "ReplayedCall",
+]
 
 Action = Literal["substituted", "executed", "rejected"]
-#: Approval callback of ``manual`` mode: gets the recorded call about to be replayed.
-Approver = Callable[["RecordedCall"], bool]
+#: Approval callback (``manual`` mode, and calls recorded with policy ``manual``/``forbidden``):
+#: gets the recorded call about to be replayed -- already matched, so it is the call being made.
+Approver = Callable[[RecordedCall], bool]
 
-
-@dataclass
-class RecordedCall:
-    """One recorded call in the replay plan."""
-
-    index: int
-    event: ToolCall | LlmRequest
-    outcome: OutcomeEvent | None
-    parent: int | None
-    end: int = 0
-    """Index just after this call's last recorded descendant."""
-    input_sha256: str | None = None
-    fingerprint_source: str = "stored"
-    state: Literal["pending", "consumed", "skipped", "not_reached"] = "pending"
-
-    @property
-    def kind(self) -> str:
-        return "tool" if isinstance(self.event, ToolCall) else "llm"
-
-    @property
-    def name(self) -> str:
-        return self.event.name if isinstance(self.event, ToolCall) else self.event.model
-
-    def describe(self) -> CallDescription:
-        event = self.event
-        return CallDescription(
-            kind=self.kind,
-            name=self.name,
-            provider=event.provider if isinstance(event, LlmRequest) else None,
-            model=event.model if isinstance(event, LlmRequest) else None,
-            input_preview=event.input,
-            input_sha256=self.input_sha256,
-            model_fingerprint=event.model_fingerprint if isinstance(event, LlmRequest) else None,
-            event_id=event.id,
-            fingerprint_source=self.fingerprint_source,
-        )
+_EXECUTE, _SUBSTITUTE, _DENY = "execute", "substitute", "deny"
 
 
 @dataclass
@@ -100,34 +83,55 @@ class ReplayedCall:
     """A call the agent actually made during replay (what the assertions look at)."""
 
     position: int
+    """1-based number of the call in this run."""
     kind: str
+    """``tool`` or ``llm``."""
     name: str
+    """Tool name, or the model of an LLM call."""
     input: str
     """Redacted canonical JSON of the call's input (a tool's normalised arguments)."""
     input_sha256: str
     action: Action
+    """``substituted`` (recorded outcome returned), ``executed`` (body ran) or ``rejected``."""
     recorded_id: str | None
+    """Id of the recorded call it matched (None: it matched none)."""
     provider: str | None = None
     model: str | None = None
     status: Literal["ok", "error", "pending"] = "pending"
+    """``ok``; ``error`` (raised: a recorded failure, a live failure, or a replay error);
+    ``pending`` while an executed body runs."""
     error: str | None = None
+    """``Type: message`` of what the call raised."""
+    recorded_input_sha256: str | None = None
+    recorded_output_sha256: str | None = None
+    output_sha256: str | None = None
+    """Fingerprint of what the agent got (substituted: the recorded output; executed: the live one)."""
     notes: list[str] = field(default_factory=list)
-    """Reported, not raised: hybrid input drift, live output drift."""
+    """Reported, not raised: hybrid input drift, live output drift, a value returned as JSON."""
 
     @property
     def arguments(self) -> Any:
+        """The input as a JSON value (a tool's normalised, redacted arguments)."""
         return payload_value(self.input)
+
+    @property
+    def label(self) -> str:
+        return f"llm {self.provider}/{self.model}" if self.kind == "llm" else f"tool {self.name}"
 
 
 @dataclass(frozen=True)
 class ReplayResult:
-    """What a replay did, frozen: the calls reached, the recorded calls left over, the error."""
+    """What a replay did, frozen: the calls reached, the recorded calls left over, the errors."""
 
     mode: ReplayMode
     calls: tuple[ReplayedCall, ...]
+    """Every boundary call reached, in order (copies: later calls do not change them)."""
     pending: tuple[RecordedCall, ...]
+    """Recorded calls never matched (``verify_complete()`` fails on these)."""
     skipped: tuple[RecordedCall, ...]
+    """Recorded calls inside substituted calls: not made, because those bodies did not run."""
     errors: tuple[ReplayError, ...]
+    """Every replay error raised, including those the agent caught."""
 
     @property
     def ok(self) -> bool:
@@ -146,87 +150,65 @@ class ReplayResult:
     def __str__(self) -> str:
         c = self.counts()
         lines = [
-            f"replay ({self.mode.value}): {len(self.calls)} calls reached - {c['substituted']} "
+            f"replay ({self.mode.value}): {len(self.calls)} call(s) reached - {c['substituted']} "
             f"substituted, {c['executed']} executed, {c['rejected']} rejected; "
-            f"{len(self.pending)} recorded calls not reached, {len(self.skipped)} skipped "
+            f"{len(self.pending)} recorded call(s) not reached, {len(self.skipped)} skipped "
             "inside substituted calls"
         ]
         for call in self.calls:
             rec = f" <- {call.recorded_id}" if call.recorded_id else ""
-            lines.append(f"  {call.position:>3}. {call.action:<11} {call.kind} {call.name}{rec}")
+            err = f" [raised {call.error.split(':', 1)[0]}]" if call.error else ""
+            lines.append(f"  {call.position:>3}. {call.action:<11} {call.label}{rec}{err}")
             lines.extend(f"       note: {n}" for n in call.notes)
-        for rc in self.pending:
-            lines.append(f"  not reached: {rc.event.id} {rc.kind} {rc.name}")
+        lines.extend(f"  not reached: {rc.event.id} {rc.describe().label()}" for rc in self.pending)
         return "\n".join(lines)
 
 
-def _parse_mode(mode: ReplayMode | str) -> ReplayMode:
+def parse_mode(mode: ReplayMode | str) -> ReplayMode:
+    """The :class:`ReplayMode` named by ``mode``; :class:`ReplayModeError` if unknown or reserved."""
     try:
         parsed = ReplayMode(mode)
     except ValueError:
         allowed = ", ".join(m.value for m in ReplayMode if m is not ReplayMode.DERIVED)
-        raise ValueError(f"unknown replay mode {mode!r}; expected one of: {allowed}") from None
+        raise ReplayModeError(f"unknown replay mode {mode!r}; expected one of: {allowed}") from None
     if parsed is ReplayMode.DERIVED:
-        raise ReplayPolicyError("replay mode 'derived' is reserved and not supported")
+        raise ReplayModeError(
+            "replay mode 'derived' is reserved and not supported in this version; use frozen, "
+            "hybrid, live, forbidden or manual"
+        )
     return parsed
 
 
-def _build_plan(trace: Trace) -> list[RecordedCall]:
-    calls: list[RecordedCall] = []
-    by_id: dict[str, RecordedCall] = {}
-    unpaired: list[RecordedCall] = []
-    for event in trace.events:
-        if isinstance(event, (ToolCall, LlmRequest)):
-            parent = by_id[event.parent_id].index if event.parent_id in by_id else None
-            rc = RecordedCall(len(calls), event, None, parent)
-            if event.input_sha256 is None and event.input is not None:
-                rc.input_sha256 = sha256_hex(event.input)
-                rc.fingerprint_source = "computed from the loaded trace"
-            else:
-                rc.input_sha256 = event.input_sha256
-            calls.append(rc)
-            by_id[event.id] = rc
-            unpaired.append(rc)
-            continue
-        target = by_id.get(event.parent_id or "")
-        if target is None:  # legacy bundle without parent links: pair by name (see DESIGN.md)
-            target = _legacy_pair(event, unpaired)
-        if target is not None and target.outcome is None:
-            target.outcome = event
-            if target in unpaired:
-                unpaired.remove(target)
-    for rc in calls:  # descendants are contiguous after their ancestor (calls are in start order)
-        end = rc.index + 1
-        while end < len(calls) and _descends(calls, calls[end], rc.index):
-            end += 1
-        rc.end = end
-    return calls
+def _names(names: Iterable[str], what: str) -> frozenset[str]:
+    if isinstance(names, str):
+        raise TypeError(f"{what} takes a collection of names, not a string")
+    return frozenset(names)
 
 
-def _legacy_pair(event: OutcomeEvent, unpaired: list[RecordedCall]) -> RecordedCall | None:
-    for rc in unpaired:
-        if (
-            isinstance(event, ToolResult)
-            and isinstance(rc.event, ToolCall)
-            and rc.event.name == event.name
-        ):
-            return rc
-        if (
-            isinstance(event, LlmResponse)
-            and isinstance(rc.event, LlmRequest)
-            and rc.event.model == event.model
-        ):
-            return rc
-    return unpaired[-1] if isinstance(event, ErrorEvent) and unpaired else None
+def _check_options(
+    mode: ReplayMode, allow_live_tools: frozenset[str], live_llms: frozenset[str]
+) -> None:
+    if allow_live_tools and mode is not ReplayMode.LIVE:
+        raise ReplayModeError(
+            f"allow_live_tools only applies to mode 'live' (this session is "
+            f"{mode.value!r}): no tool runs for real in any other mode"
+        )
+    if live_llms and mode is not ReplayMode.HYBRID:
+        raise ReplayModeError(
+            f"live_llms only applies to mode 'hybrid' (this session is {mode.value!r})"
+        )
+    if mode is ReplayMode.HYBRID and not live_llms:
+        raise ReplayModeError(
+            "mode 'hybrid' needs live_llms: the LLMs to run again, as 'provider/model', "
+            "'provider/*' or 'model' (without them it would be a frozen replay)"
+        )
 
 
-def _descends(calls: list[RecordedCall], rc: RecordedCall, ancestor: int) -> bool:
-    parent = rc.parent
-    while parent is not None:
-        if parent == ancestor:
-            return True
-        parent = calls[parent].parent
-    return False
+def _matches_llm(selector: str, provider: str | None, model: str | None) -> bool:
+    if "/" in selector:
+        sel_provider, sel_model = selector.split("/", 1)
+        return sel_provider == provider and sel_model in ("*", model)
+    return selector == model
 
 
 def _first_difference(recorded: str | None, actual: str) -> list[str]:
@@ -245,11 +227,46 @@ def _first_difference(recorded: str | None, actual: str) -> list[str]:
     ]
 
 
-def _matches_llm(selector: str, provider: str | None, model: str | None) -> bool:
-    if "/" in selector:
-        sel_provider, sel_model = selector.split("/", 1)
-        return sel_provider == provider and sel_model in ("*", model)
-    return selector == model
+def _a(kind: str) -> str:
+    return "an llm" if kind == "llm" else f"a {kind}"
+
+
+def _short(sha: str | None) -> str:
+    return f"{sha[:12]}…" if sha else "none"
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a plan is built: a loaded 100,000-call bundle is
+    millions of objects, and the collections triggered by allocating the plan would each walk
+    them all (measured: building the plan took 5x longer with the collector on)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _checked_plan(trace: Trace, source: str | None, structure_checked: bool) -> list[RecordedCall]:
+    """The plan of a trace that passed every check (structure, then every stored fingerprint)."""
+    structure = [] if structure_checked else validate_structure(trace)
+    if structure:
+        more = f" (and {len(structure) - 1} more)" if len(structure) > 1 else ""
+        raise BundleError(source, f"inconsistent bundle: {structure[0]}{more}")
+    problems = verify_integrity(trace) + model_fingerprint_problems(trace)
+    if problems:
+        raise BundleIntegrityError(source, [str(p) for p in problems])
+    return build_plan(trace)
+
+
+@dataclass
+class _LiveLlm:
+    """The last LLM call that ran live (hybrid/live), for naming it in later divergences."""
+
+    description: CallDescription
+    replayed: ReplayedCall
 
 
 class ReplaySession:
@@ -258,8 +275,13 @@ class ReplaySession:
     ``mode``: ``frozen`` (default), ``hybrid``, ``live``, ``forbidden``, ``manual``.
     ``allow_live_tools``: in ``live`` mode, the tool names that may run for real.
     ``live_llms``: in ``hybrid`` mode, the LLMs that run again: ``"provider/model"``,
-    ``"provider/*"`` or ``"model"``. ``approve``: in ``manual`` mode, called with each
-    :class:`RecordedCall`; return True to let it be substituted.
+    ``"provider/*"`` or ``"model"``. ``approve``: called with each :class:`RecordedCall` that
+    needs an approval (every call in ``manual`` mode; calls recorded with policy ``manual`` or
+    ``forbidden``); return True to allow it.
+
+    Raises :class:`ReplayModeError` for an unknown/reserved mode or options that do not fit the
+    mode, :class:`~stepfork_otel.trace.bundle.BundleError` for an inconsistent trace and
+    :class:`BundleIntegrityError` when a stored fingerprint does not match its payload.
     """
 
     def __init__(
@@ -271,29 +293,28 @@ class ReplaySession:
         live_llms: Iterable[str] = (),
         approve: Approver | None = None,
         source: str | None = None,
+        _structure_checked: bool = False,
     ) -> None:
-        if isinstance(allow_live_tools, str) or isinstance(live_llms, str):
-            raise TypeError(
-                "allow_live_tools and live_llms take a collection of names, not a string"
-            )
-        self.mode = _parse_mode(mode)
+        if not isinstance(trace, Trace):
+            raise TypeError(f"expected a Trace, got {type(trace).__name__}")
+        self.mode = parse_mode(mode)
+        self.allow_live_tools = _names(allow_live_tools, "allow_live_tools")
+        self.live_llms = _names(live_llms, "live_llms")
+        _check_options(self.mode, self.allow_live_tools, self.live_llms)
         self.trace = trace
         self.source = source
-        self.allow_live_tools = frozenset(allow_live_tools)
-        self.live_llms = frozenset(live_llms)
         self.approve = approve
-        problems = verify_integrity(trace)
-        if problems:
-            raise BundleIntegrityError(source, [str(p) for p in problems])
-        self._plan = _build_plan(trace)
+        with _gc_paused():
+            self._plan = _checked_plan(trace, source, _structure_checked)
         self._cursor = 0
         self._calls: list[ReplayedCall] = []
         self._errors: list[ReplayError] = []
+        self._divergences: list[ReplayError] = []  # raised at calls (not by verify_complete)
         self._lock = threading.RLock()
         self._executing: ContextVar[int | None] = ContextVar(
             "stepfork_replay_executing", default=None
         )
-        self._last_live_llm: CallDescription | None = None
+        self._last_live: _LiveLlm | None = None
         self._state: Literal["new", "active", "closed"] = "new"
         self._token: Token[ReplaySession | None] | None = None
 
@@ -312,6 +333,9 @@ class ReplaySession:
         Raises :class:`~stepfork_otel.trace.bundle.BundleError` for an unreadable or invalid
         bundle and :class:`BundleIntegrityError` when a stored fingerprint is wrong.
         """
+        allow_live_tools = _names(allow_live_tools, "allow_live_tools")
+        live_llms = _names(live_llms, "live_llms")
+        _check_options(parse_mode(mode), allow_live_tools, live_llms)  # before reading anything
         trace = load_any(source)
         return cls(
             trace,
@@ -320,19 +344,21 @@ class ReplaySession:
             live_llms=live_llms,
             approve=approve,
             source=None if isinstance(source, Trace) else str(source),
+            _structure_checked=not isinstance(source, Trace),  # load_trace checked it
         )
 
     # -- context management ----------------------------------------------------------------------
 
     def __enter__(self) -> ReplaySession:
         if self._state != "new":
-            raise ReplayError(
+            raise ReplaySessionError(
                 "a ReplaySession can be entered only once; create a new one with "
                 "ReplaySession.from_trace(...) for another run"
             )
-        active = current_session.get()
-        if active is not None:
-            raise ReplayError("another ReplaySession is already active in this context")
+        if current_session.in_context() is not None:
+            raise ReplaySessionError(
+                "another ReplaySession is already active in this context; sessions do not nest"
+            )
         self._state = "active"
         self._token = current_session.set(self)
         return self
@@ -343,9 +369,12 @@ class ReplaySession:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._state = "closed"
+        # Completeness is not checked here: verify_complete() is explicit, so an exception from
+        # the agent is never replaced by a completeness error.
+        with self._lock:
+            self._state = "closed"
         if self._token is not None:
-            current_session.reset(self._token)
+            current_session.reset(self._token, self)
             self._token = None
 
     async def __aenter__(self) -> ReplaySession:
@@ -368,52 +397,111 @@ class ReplaySession:
 
     @property
     def matched(self) -> list[ReplayedCall]:
-        """The calls that matched the recording (substituted or executed)."""
+        """The calls that matched the recording and were served (substituted or executed)."""
         return [c for c in self._calls if c.action != "rejected"]
 
     @property
     def pending(self) -> list[RecordedCall]:
-        """Recorded calls not consumed (neither matched nor skipped inside a substituted call)."""
+        """Recorded calls not matched (neither consumed nor skipped inside a substituted call)."""
         return [rc for rc in self._plan if rc.state in ("pending", "not_reached")]
 
     @property
+    def recorded_calls(self) -> list[RecordedCall]:
+        """The replay plan: every recorded call, in the order the recorded run started them."""
+        return list(self._plan)
+
+    @property
     def errors(self) -> list[ReplayError]:
-        """Replay errors raised so far (also those the agent caught)."""
+        """Replay errors raised so far, including those the agent caught."""
         return list(self._errors)
 
     @property
     def summary(self) -> ReplayResult:
         """A frozen :class:`ReplayResult` of what happened so far."""
-        return ReplayResult(
-            mode=self.mode,
-            calls=tuple(self._calls),
-            pending=tuple(self.pending),
-            skipped=tuple(rc for rc in self._plan if rc.state == "skipped"),
-            errors=tuple(self._errors),
-        )
+        with self._lock:
+            return ReplayResult(
+                mode=self.mode,
+                calls=tuple(dataclasses.replace(c, notes=list(c.notes)) for c in self._calls),
+                pending=tuple(self.pending),
+                skipped=tuple(rc for rc in self._plan if rc.state == "skipped"),
+                errors=tuple(self._errors),
+            )
 
     def verify_complete(self) -> None:
-        """Raise :class:`ReplayMismatchError` if recorded calls were left unconsumed."""
-        pending = self.pending
-        if pending:
-            listed = [f"{rc.event.id}: {rc.describe().label()}" for rc in pending]
+        """Raise :class:`ReplayMismatchError` if recorded calls were left unconsumed, or if the run
+        diverged at a call and the agent caught the error."""
+        with self._lock:
+            pending = self.pending
+            caught = list(self._divergences)
+            if not pending and not caught:
+                return
+            details: list[str] = []
+            if pending:
+                reason = (
+                    f"{len(pending)} recorded call(s) were never made: the agent skipped "
+                    "recorded steps"
+                )
+                details.append(
+                    "not reached: "
+                    + ", ".join(f"{rc.event.id} ({rc.describe().label()})" for rc in pending)
+                )
+            else:
+                reason = "the run diverged from the recording (the agent caught the error)"
+            details.extend(
+                f"raised during the run: {type(e).__name__} at call {e.position}: {e.reason}"
+                for e in caught
+            )
             error = ReplayMismatchError(
-                f"{len(pending)} recorded call(s) were never made: the agent skipped recorded steps",
-                expected=pending[0].describe(),
-                details=["not reached: " + ", ".join(listed)],
+                reason, expected=pending[0].describe() if pending else None, details=details
             )
             self._errors.append(error)
-            raise error
+        raise error
 
     # -- the boundary contract -------------------------------------------------------------------
 
     def begin_call(self, call: BoundaryCall) -> ReplayDecision:
         """Decide what happens to a call before its body could run (called by the boundaries)."""
         with self._lock:
-            try:
-                return self._begin(call)
-            except ReplayError as error:
+            if self._state != "active" or current_session.in_context() is not self:
+                actual = self._actual(call)
+                if self._state != "active":
+                    reason = (
+                        f"{actual.label()} reached a ReplaySession that is not active (it "
+                        f"{'was never entered' if self._state == 'new' else 'already exited'}); "
+                        "boundaries must run inside `with ReplaySession...` -- a thread or task "
+                        "started with a copy of the session's context must finish before it exits"
+                    )
+                else:
+                    reason = (
+                        f"{actual.label()} was called from a thread that does not carry the "
+                        "replay session (started without copying the context, e.g. "
+                        "threading.Thread or ThreadPoolExecutor.submit) while the session is "
+                        "active: it is refused rather than run live and unmatched; start the "
+                        "thread with contextvars.copy_context().run(...) or asyncio.to_thread(...)"
+                    )
+                error: ReplayError = ReplaySessionError(reason, actual=actual)
                 self._errors.append(error)
+                self._divergences.append(error)
+                raise error
+            replayed = ReplayedCall(
+                len(self._calls) + 1,
+                call.kind,
+                call.name,
+                call.input.text,
+                call.input.sha256,
+                "rejected",
+                None,
+                provider=call.provider,
+                model=call.model,
+            )
+            self._calls.append(replayed)
+            try:
+                return self._begin(call, replayed)
+            except ReplayError as exc:
+                replayed.status = "error"
+                replayed.error = f"{type(exc).__name__}: {exc.reason}"
+                self._errors.append(exc)
+                self._divergences.append(exc)
                 raise
 
     def end_call(
@@ -427,21 +515,20 @@ class ReplaySession:
             replayed.status = "error" if error is not None else "ok"
             if error is not None:
                 replayed.error = f"{type(error).__name__}: {error}"
+            if output is not None:
+                replayed.output_sha256 = output.sha256
             if rc is None:
                 return
-            for inner in self._plan[rc.index + 1 : rc.end]:  # recorded inner calls never reached
+            for inner in descendants(self._plan, rc):  # recorded inner calls the body never made
                 if inner.state == "pending":
                     inner.state = "not_reached"
-            self._cursor = max(self._cursor, rc.end)
-            recorded = rc.outcome
-            if (
-                output is not None
-                and recorded is not None
-                and recorded.output_sha256 not in (None, output.sha256)
-            ):
+            self._advance()
+            recorded = rc.output_sha256
+            live = output.sha256 if output is not None else None
+            if error is None and recorded is not None and live is not None and live != recorded:
                 replayed.notes.append(
-                    f"live output differs from the recording (sha256 {output.sha256[:12]}… vs "
-                    f"{recorded.output_sha256[:12]}…)"
+                    f"live output differs from the recording (sha256 {_short(live)} vs recorded "
+                    f"{_short(recorded)})"
                 )
 
     # -- internals -------------------------------------------------------------------------------
@@ -456,97 +543,158 @@ class ReplaySession:
             input_sha256=call.input.sha256,
             model_fingerprint=call.model_fingerprint,
             fingerprint_source="live",
+            operation=call.operation,
         )
 
-    def _begin(self, call: BoundaryCall) -> ReplayDecision:
-        position = len(self._calls) + 1
-        replayed = ReplayedCall(
-            position,
-            call.kind,
-            call.name,
-            call.input.text,
-            call.input.sha256,
-            "rejected",
-            None,
-            provider=call.provider,
-            model=call.model,
-        )
-        self._calls.append(replayed)
-        actual = self._actual(call)
-        if self._state != "active":
-            raise ReplayError(
-                f"{actual.label()} reached a ReplaySession that is not active (it was "
-                f"{'never entered' if self._state == 'new' else 'already exited'}); boundaries "
-                "must run inside `with ReplaySession...`",
-                position=position,
-                actual=actual,
+    def _advance(self) -> None:
+        plan, cursor = self._plan, self._cursor
+        while cursor < len(plan) and plan[cursor].state != "pending":
+            cursor += 1
+        self._cursor = cursor
+
+    def _after_live(self) -> tuple[CallDescription | None, list[str]]:
+        live = self._last_live
+        if live is None:
+            return None, []
+        replayed = live.replayed
+        if replayed.status == "pending":
+            note = "it is still running"
+        elif replayed.output_sha256 is None or replayed.recorded_output_sha256 is None:
+            note = "its live answer could not be compared with the recording"
+        elif replayed.output_sha256 != replayed.recorded_output_sha256:
+            note = (
+                f"its live answer differs from the recorded one (sha256 "
+                f"{replayed.output_sha256} vs recorded {replayed.recorded_output_sha256})"
             )
+        else:
+            note = "its live answer was the same as the recorded one"
+        return live.description, [f"  (call {replayed.position} of this run: {note})"]
+
+    def _begin(self, call: BoundaryCall, replayed: ReplayedCall) -> ReplayDecision:
+        position = replayed.position
+
+        def refuse(reason: str, expected: RecordedCall | None = None) -> ReplayPolicyError:
+            # descriptions are built only on the way to an error: the hot path never pays for them
+            return ReplayPolicyError(
+                reason,
+                position=position,
+                expected=expected.describe() if expected is not None else None,
+                actual=self._actual(call),
+            )
+
+        label = f"llm {call.provider}/{call.model}" if call.kind == "llm" else f"tool {call.name}"
+        # forbidden and manual-without-approver refuse before matching: nothing to match for
         if self.mode is ReplayMode.FORBIDDEN:
-            raise ReplayPolicyError(
-                "replay mode 'forbidden' rejects every dependency call",
-                position=position,
-                actual=actual,
+            raise refuse("replay mode 'forbidden' rejects every dependency call")
+        if self.mode is ReplayMode.MANUAL and self.approve is None:
+            raise refuse(
+                "replay mode 'manual' needs an explicit approval for every call and no approval "
+                "callback was given (ReplaySession(..., approve=...))"
             )
-        expected = self._expect(call, actual, position)
+        expected, plan = self._match(call, position)
         replayed.recorded_id = expected.event.id
-        policy = expected.event.replay_policy
-        approved: bool | None = None
+        replayed.recorded_input_sha256 = expected.input_sha256
+        replayed.recorded_output_sha256 = expected.output_sha256
+        policy = expected.policy
+        if policy is ReplayPolicy.FORBIDDEN and self.mode is not ReplayMode.MANUAL:
+            raise refuse(
+                f"the recorded call {expected.event.id} has replay policy 'forbidden': it is never "
+                "replayed automatically, whatever the mode or allowlist (replay it in manual mode "
+                "with an explicit approval to substitute its recorded result)",
+                expected,
+            )
+        if plan == _DENY:
+            raise refuse(
+                f"tool {call.name!r} may not run live: live mode executes a tool only when it is "
+                f"named in allow_live_tools (--allow-live-tool {call.name}); its body did not run "
+                "and its recorded response was not consumed",
+                expected,
+            )
         if self.mode is ReplayMode.MANUAL or policy in (
             ReplayPolicy.MANUAL,
             ReplayPolicy.FORBIDDEN,
         ):
-            if policy is ReplayPolicy.FORBIDDEN and self.mode is not ReplayMode.MANUAL:
-                raise ReplayPolicyError(
-                    f"the recorded call {expected.event.id} has replay policy 'forbidden' (a call "
-                    "that must never be replayed automatically); replay it in manual mode with an "
-                    "explicit approval",
-                    position=position,
-                    expected=expected.describe(),
-                    actual=actual,
+            why = (
+                "manual mode"
+                if self.mode is ReplayMode.MANUAL
+                else f"recorded policy {policy.value!r}"
+            )
+            if self.approve is None:
+                raise refuse(
+                    f"{label} needs an explicit approval ({why}) and no approval callback was "
+                    "given (ReplaySession(..., approve=...))",
+                    expected,
                 )
-            approved = bool(self.approve(expected)) if self.approve is not None else False
-            if not approved:
-                raise ReplayPolicyError(
-                    f"{actual.label()} needs an explicit approval "
-                    f"({'manual mode' if self.mode is ReplayMode.MANUAL else 'recorded policy manual'})"
-                    " and was not approved",
-                    position=position,
-                    expected=expected.describe(),
-                    actual=actual,
+            if not self.approve(expected):
+                raise refuse(
+                    f"{label} needs an explicit approval ({why}) and was not approved", expected
                 )
-        execute = self._should_execute(call, expected, actual, position, approved)
-        if execute:
+        if plan == _EXECUTE:
             return self._execute(replayed, expected)
         return self._substitute(call, replayed, expected, position)
 
-    def _expect(self, call: BoundaryCall, actual: CallDescription, position: int) -> RecordedCall:
+    def _plan_for(self, call: BoundaryCall, expected: RecordedCall) -> str:
+        """Execute, substitute or deny, from the mode, the allowlists and the recorded policy."""
+        if self.mode in (ReplayMode.FROZEN, ReplayMode.MANUAL):
+            return _SUBSTITUTE
+        if expected.policy in (ReplayPolicy.FROZEN, ReplayPolicy.FORBIDDEN):
+            return _SUBSTITUTE  # forbidden is refused by the caller before this matters
+        if self.mode is ReplayMode.HYBRID:
+            selected = call.kind == "llm" and any(
+                _matches_llm(s, call.provider, call.model) for s in self.live_llms
+            )
+            return _EXECUTE if selected else _SUBSTITUTE
+        if call.kind == "llm":  # live
+            return _EXECUTE
+        return _EXECUTE if call.name in self.allow_live_tools else _DENY
+
+    def _match(self, call: BoundaryCall, position: int) -> tuple[RecordedCall, str]:
         if self._cursor >= len(self._plan):
-            consumed_twice = any(
-                rc.state == "consumed"
-                and rc.input_sha256 == call.input.sha256
-                and rc.name == call.name
-                for rc in self._plan
+            after, after_details = self._after_live()
+            actual = self._actual(call)
+            again = next(
+                (rc for rc in self._plan if rc.state == "consumed" and self._same_call(call, rc)),
+                None,
+            )
+            details = (
+                [f"its recorded answer ({again.event.id}) was already consumed"] if again else []
             )
             raise ReplayExhaustedError(
                 f"{actual.label()} was made after the recording was used up "
-                f"({len(self._plan)} recorded calls)"
-                + ("; its recorded answer was already consumed" if consumed_twice else ""),
+                f"({len(self._plan)} recorded calls, all consumed or skipped)",
                 position=position,
                 actual=actual,
-                after_live_call=self._last_live_llm,
+                details=after_details + details,
+                after_live_call=after,
             )
         expected = self._plan[self._cursor]
         parent = self._executing.get()
-        exp = expected.describe()
 
         def mismatch(reason: str, details: list[str] | None = None) -> ReplayMismatchError:
-            return ReplayMismatchError(
+            after, after_details = self._after_live()
+            exp = expected.describe()
+            error_type: type[ReplayMismatchError] = ReplayMismatchError
+            later = self._recorded_later(call, parent)
+            earlier = None if later is not None else self._consumed_earlier(call, parent)
+            if later is not None:
+                reason = (
+                    f"call order differs: this call was recorded later, as {later.event.id}, but "
+                    f"the next recorded call is {exp.label()} ({expected.event.id}) [{reason}]"
+                )
+            elif earlier is not None:
+                error_type = ReplayExhaustedError
+                reason = (
+                    f"recorded call consumed twice: this call's recorded answer ({earlier.event.id})"
+                    f" was already consumed, and the recording has it once; the next recorded "
+                    f"call is {exp.label()} ({expected.event.id}) [{reason}]"
+                )
+            return error_type(
                 reason,
                 position=position,
                 expected=exp,
-                actual=actual,
-                details=details,
-                after_live_call=self._last_live_llm,
+                actual=self._actual(call),
+                details=after_details + (details or []),
+                after_live_call=after,
             )
 
         if expected.parent != parent:
@@ -559,7 +707,7 @@ class ReplaySession:
             raise mismatch(f"call made {where}, but the next recorded call was made {rec_where}")
         if expected.kind != call.kind:
             raise mismatch(
-                f"kind differs: recorded a {expected.kind} call, this run made a {call.kind} call"
+                f"kind differs: recorded {_a(expected.kind)} call, this run made {_a(call.kind)} call"
             )
         event = expected.event
         if isinstance(event, ToolCall) and event.name != call.name:
@@ -569,93 +717,100 @@ class ReplaySession:
         if isinstance(event, LlmRequest):
             if event.provider != call.provider:
                 raise mismatch(
-                    f"LLM provider differs: recorded {event.provider!r}, this run used {call.provider!r}"
+                    f"LLM provider differs: recorded {event.provider!r}, this run used "
+                    f"{call.provider!r}"
                 )
             if event.model != call.model:
                 raise mismatch(
                     f"LLM model differs: recorded {event.model!r}, this run used {call.model!r}"
                 )
+        plan = self._plan_for(call, expected)
+        drift_allowed = plan == _EXECUTE and self.mode is ReplayMode.HYBRID
+        if call.input.unserialisable:
+            raise mismatch(
+                "the input of this call has no canonical JSON form, so it cannot be matched "
+                f"against the recording ({call.input.text}); make the arguments JSON-encodable"
+            )
         if event.input is None and expected.input_sha256 is None:
             raise mismatch(
-                f"the recorded input of {event.id} is missing ({event.input_missing or 'not recorded'}) and has no fingerprint to match"
+                f"the recorded input of {event.id} is missing "
+                f"({event.input_missing or 'not recorded'}) and has no fingerprint to match"
             )
         same_input = (
             event.input == call.input.text
             if event.input is not None
             else expected.input_sha256 == call.input.sha256
         )
-        if not same_input:
-            if self._selected_live_llm(call):
-                return expected  # hybrid: a changed prompt is the point; reported in _execute
+        if not same_input and not drift_allowed:
+            hint = (
+                " (arguments are normalised with their defaults: a changed default counts)"
+                if call.kind == "tool"
+                else " (the prompt payload passed to llm_request is part of the input)"
+            )
             raise mismatch(
-                "input differs from the recording"
-                + (
-                    " (arguments are normalised with their defaults: a changed default counts)"
-                    if call.kind == "tool"
-                    else ""
-                ),
+                "input differs from the recording" + hint,
                 _first_difference(event.input, call.input.text),
             )
-        if expected.input_sha256 is not None and expected.input_sha256 != call.input.sha256:
+        if same_input and expected.input_sha256 not in (None, call.input.sha256):
             raise mismatch("input fingerprint differs from the recorded fingerprint")
-        return expected
-
-    def _selected_live_llm(self, call: BoundaryCall) -> bool:
-        return (
-            self.mode is ReplayMode.HYBRID
-            and call.kind == "llm"
-            and any(_matches_llm(s, call.provider, call.model) for s in self.live_llms)
-        )
-
-    def _should_execute(
-        self,
-        call: BoundaryCall,
-        expected: RecordedCall,
-        actual: CallDescription,
-        position: int,
-        approved: bool | None,
-    ) -> bool:
-        policy = expected.event.replay_policy
-        if self.mode in (ReplayMode.FROZEN, ReplayMode.MANUAL) or policy in (
-            ReplayPolicy.FROZEN,
-            ReplayPolicy.FORBIDDEN,
+        if (
+            isinstance(event, LlmRequest)
+            and event.model_fingerprint is not None
+            and call.model_fingerprint is not None
+            and event.model_fingerprint != call.model_fingerprint
         ):
+            raise mismatch(
+                f"model fingerprint differs: recorded operation {event.operation!r}, this run "
+                f"used {call.operation!r}"
+            )
+        return expected, plan
+
+    def _same_call(self, call: BoundaryCall, rc: RecordedCall) -> bool:
+        if rc.kind != call.kind or rc.input_sha256 != call.input.sha256:
             return False
-        if self.mode is ReplayMode.HYBRID:
-            return self._selected_live_llm(call)
-        # live
-        if call.kind == "llm":
-            return True
-        if call.name in self.allow_live_tools:
-            return True
-        raise ReplayPolicyError(
-            f"tool {call.name!r} may not run live: live mode executes a tool only when it is named "
-            f"in allow_live_tools (--allow-live-tool {call.name}); its recorded response was not used",
-            position=position,
-            expected=expected.describe(),
-            actual=actual,
-        )
+        event = rc.event
+        if isinstance(event, ToolCall):
+            return event.name == call.name
+        return event.provider == call.provider and event.model == call.model
+
+    def _consumed_earlier(self, call: BoundaryCall, parent: int | None) -> RecordedCall | None:
+        """The latest consumed recorded call before the cursor, at the same nesting, equal to
+        ``call`` (the agent repeats a call, e.g. a retry, that was recorded once)."""
+        for rc in reversed(self._plan[: self._cursor]):
+            if rc.state == "consumed" and rc.parent == parent and self._same_call(call, rc):
+                return rc
+        return None
+
+    def _recorded_later(self, call: BoundaryCall, parent: int | None) -> RecordedCall | None:
+        """A pending recorded call after the cursor, at the same nesting, equal to ``call``."""
+        for rc in self._plan[self._cursor + 1 :]:
+            if rc.state == "pending" and rc.parent == parent and self._same_call(call, rc):
+                return rc
+        return None
 
     def _execute(self, replayed: ReplayedCall, expected: RecordedCall) -> ReplayDecision:
         replayed.action = "executed"
-        if expected.event.input is not None and replayed.input != expected.event.input:
+        if replayed.input_sha256 != expected.input_sha256:
             replayed.notes.append(
-                f"input drift (hybrid): sha256 {replayed.input_sha256[:12]}… vs recorded "
-                f"{(expected.input_sha256 or '')[:12]}…"
+                f"input drift (hybrid): this run's input differs from the recording (sha256 "
+                f"{_short(replayed.input_sha256)} vs recorded {_short(expected.input_sha256)})"
             )
         expected.state = "consumed"
-        self._cursor = expected.index + 1
+        self._advance()
         token = self._executing.set(expected.index)
         if replayed.kind == "llm":
-            self._last_live_llm = CallDescription(
-                kind="llm",
-                name=replayed.name,
-                provider=replayed.provider,
-                model=replayed.model,
-                input_preview=replayed.input,
-                input_sha256=replayed.input_sha256,
-                event_id=expected.event.id,
-                fingerprint_source="live",
+            self._last_live = _LiveLlm(
+                CallDescription(
+                    kind="llm",
+                    name=replayed.name,
+                    provider=replayed.provider,
+                    model=replayed.model,
+                    input_preview=replayed.input,
+                    input_sha256=replayed.input_sha256,
+                    event_id=expected.event.id,
+                    fingerprint_source="live",
+                ),
+                replayed,
             )
         return ReplayDecision("executed", handle=(replayed, expected, token))
 
@@ -663,96 +818,76 @@ class ReplaySession:
         self, call: BoundaryCall, replayed: ReplayedCall, expected: RecordedCall, position: int
     ) -> ReplayDecision:
         outcome = expected.outcome
-        exp = expected.describe()
         if outcome is None:
+            cut = (
+                f" (the bundle is incomplete: {self.trace.incomplete_reason or 'the run did not finish'})"
+                if not self.trace.complete
+                else " (the run was cut short or the span was lost)"
+            )
             raise ReplayMismatchError(
-                f"the recorded call {expected.event.id} has no recorded result (the run was cut "
-                "short or the span was lost), so it cannot be substituted",
+                f"missing result: the recorded call {expected.event.id} has no recorded result"
+                f"{cut}, so it cannot be substituted",
                 position=position,
-                expected=exp,
+                expected=expected.describe(),
+                actual=self._actual(call),
+            )
+        if isinstance(outcome, ErrorEvent) and outcome.status == "skipped":
+            raise ReplayMismatchError(
+                f"missing result: the recorded call {expected.event.id} was rejected before its "
+                f"body ran in the recorded run (itself a replay: {outcome.error_type}), so it has "
+                "no result to substitute",
+                position=position,
+                expected=expected.describe(),
                 actual=self._actual(call),
             )
         if outcome.output is None and not isinstance(outcome, ErrorEvent):
             raise ReplayMismatchError(
-                f"the recorded result of {expected.event.id} is missing "
+                f"missing result: the recorded result of {expected.event.id} is missing "
                 f"({outcome.output_missing or 'not recorded'}): it was left off the span, so it "
                 "cannot be substituted; replay the local bundle, or raise the span payload cap",
                 position=position,
-                expected=exp,
+                expected=expected.describe(),
                 actual=self._actual(call),
             )
+        value: Any = None
+        if not isinstance(outcome, ErrorEvent):
+            value = payload_value(outcome.output)
+            if isinstance(value, dict) and UNSERIALISABLE_MARKER in value and len(value) == 1:
+                raise ReplayMismatchError(
+                    f"missing result: the recorded result of {expected.event.id} could not be "
+                    f"serialised when it was recorded ({value[UNSERIALISABLE_MARKER]}), so "
+                    "replay cannot substitute it",
+                    position=position,
+                    expected=expected.describe(),
+                    actual=self._actual(call),
+                )
         expected.state = "consumed"
-        for inner in self._plan[expected.index + 1 : expected.end]:
+        for inner in descendants(self._plan, expected):
             inner.state = "skipped"
-        self._cursor = expected.end
+        self._advance()
         replayed.action = "substituted"
+        text = outcome.output or ""
         output = Payload(
-            outcome.output or "",
-            outcome.output_sha256 or sha256_hex(outcome.output or ""),
-            outcome.output_size or len((outcome.output or "").encode()),
+            text,
+            expected.output_sha256 or sha256_hex(text),
+            outcome.output_size or len(text.encode("utf-8")),
         )
+        replayed.output_sha256 = output.sha256
         if isinstance(outcome, ErrorEvent):
+            # already redacted when recorded; redacted again in case the bundle was hand-built
+            message = _settings.settings().redactor.redact_message(outcome.message)
             replayed.status = "error"
-            replayed.error = f"{outcome.error_type}: {outcome.message}"
+            replayed.error = f"{outcome.error_type}: {message}"
             error = RecordedDependencyError(
-                outcome.error_type, outcome.message, position=position, expected=exp
+                outcome.error_type, message, position=position, expected=expected.describe()
             )
             return ReplayDecision(
                 "substituted", output=output, error=error, handle=(replayed, None, None)
             )
         replayed.status = "ok"
-        value = payload_value(outcome.output)
-        if isinstance(value, dict) and UNSERIALISABLE_MARKER in value and len(value) == 1:
-            replayed.status = "error"
-            error_u = ReplayError(
-                f"the recorded result of {expected.event.id} could not be serialised when it was "
-                f"recorded ({value[UNSERIALISABLE_MARKER]}); replay cannot substitute it",
-                position=position,
-                expected=exp,
-            )
-            self._errors.append(error_u)
-            raise error_u
+        rebuilt, note = rebuild(value, text, call.output_type)
+        if note is not None:
+            replayed.notes.append(note)
         return ReplayDecision(
-            "substituted",
-            value=_rebuild(value, outcome.output or "null", call.output_type),
-            output=output,
-            handle=(replayed, None, None),
+            "substituted", value=rebuilt, output=output, handle=(replayed, None, None)
         )
-
-
-_adapters: dict[Any, TypeAdapter[Any] | None] = {}
-
-
-def _adapter(output_type: Any) -> TypeAdapter[Any] | None:
-    if output_type in _adapters:
-        return _adapters[output_type]
-    adapter: TypeAdapter[Any] | None
-    try:
-        try:
-            adapter = TypeAdapter(output_type, config=ConfigDict(val_json_bytes="base64"))
-        except PydanticUserError:  # models carry their own config
-            adapter = TypeAdapter(output_type)
-    except Exception:  # not a type pydantic understands: replay returns the JSON value
-        adapter = None
-    _adapters[output_type] = adapter
-    return adapter
-
-
-def _rebuild(value: Any, text: str, output_type: Any) -> Any:
-    """The recorded value as ``output_type`` when pydantic can rebuild it from the recorded JSON
-    (so the agent gets the type it got while recording), else the JSON value as recorded."""
-    if output_type is None or output_type is Any:
-        return value
-    try:
-        adapter = _adapter(output_type)
-    except TypeError:  # unhashable annotation
-        adapter = None
-    if adapter is None:
-        return value
-    try:
-        return adapter.validate_json(text)
-    except Exception:
-        logger.debug(
-            "stepfork_otel: replayed value does not fit %r; returning the JSON value", output_type
-        )
-        return value
