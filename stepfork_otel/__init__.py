@@ -13,11 +13,14 @@ from stepfork_otel.otel.setup import configure
 from stepfork_otel.record.boundaries import allm_request, llm_request, trace_tool
 from stepfork_otel.record.run import RunRecorder, record
 from stepfork_otel.replay.errors import (
+    BundleIntegrityError,
     RecordedDependencyError,
     ReplayError,
     ReplayExhaustedError,
     ReplayMismatchError,
+    ReplayModeError,
     ReplayPolicyError,
+    ReplaySessionError,
 )
 from stepfork_otel.replay.session import ReplayResult, ReplaySession
 from stepfork_otel.trace.bundle import BundleError, BundleVersionError
@@ -36,6 +39,7 @@ from stepfork_otel.trace.redaction import Redactor, SecretPattern
 
 __all__ = [
     "BundleError",
+    "BundleIntegrityError",
     "BundleVersionError",
     "ErrorEvent",
     "LlmRequest",
@@ -46,10 +50,12 @@ __all__ = [
     "ReplayExhaustedError",
     "ReplayMismatchError",
     "ReplayMode",
+    "ReplayModeError",
     "ReplayPolicy",
     "ReplayPolicyError",
     "ReplayResult",
     "ReplaySession",
+    "ReplaySessionError",
     "RunInfo",
     "RunRecorder",
     "SecretPattern",

@@ -59,3 +59,8 @@ def test_error_hierarchy() -> None:
     assert issubclass(ReplayPolicyError, ReplayError)
     assert issubclass(RecordedDependencyError, ReplayError)
     assert not issubclass(ReplayPolicyError, ReplayMismatchError)
+    assert issubclass(stepfork_otel.ReplayModeError, ReplayError)
+    assert issubclass(stepfork_otel.ReplayModeError, ValueError)
+    assert issubclass(stepfork_otel.ReplaySessionError, ReplayError)
+    assert issubclass(stepfork_otel.BundleIntegrityError, stepfork_otel.BundleError)
+    assert issubclass(stepfork_otel.BundleIntegrityError, ReplayError)
