@@ -6,6 +6,7 @@ import stepfork_otel
 
 EXPECTED = {
     "BundleError",
+    "BundleIntegrityError",
     "BundleVersionError",
     "ErrorEvent",
     "LlmRequest",
@@ -16,10 +17,12 @@ EXPECTED = {
     "ReplayExhaustedError",
     "ReplayMismatchError",
     "ReplayMode",
+    "ReplayModeError",
     "ReplayPolicy",
     "ReplayPolicyError",
     "ReplayResult",
     "ReplaySession",
+    "ReplaySessionError",
     "RunInfo",
     "RunRecorder",
     "SecretPattern",
