@@ -8,6 +8,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from stepfork_otel.otel.otlp_file import OtlpJsonFileExporter
+from stepfork_otel.otel.otlp_json import ImportReport, OtlpImportError, iter_traces_from_otlp_json
 from stepfork_otel.otel.processor import SftraceSpanProcessor
 from stepfork_otel.otel.setup import configure
 from stepfork_otel.record.boundaries import allm_request, llm_request, trace_tool
@@ -42,8 +44,11 @@ __all__ = [
     "BundleIntegrityError",
     "BundleVersionError",
     "ErrorEvent",
+    "ImportReport",
     "LlmRequest",
     "LlmResponse",
+    "OtlpImportError",
+    "OtlpJsonFileExporter",
     "RecordedDependencyError",
     "Redactor",
     "ReplayError",
@@ -69,6 +74,7 @@ __all__ = [
     "canonical_json",
     "configure",
     "fingerprint",
+    "iter_traces_from_otlp_json",
     "llm_request",
     "record",
     "trace_tool",
