@@ -8,7 +8,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from stepfork_otel.otel.otlp_file import OtlpJsonFileExporter
 from stepfork_otel.otel.otlp_json import ImportReport, OtlpImportError, iter_traces_from_otlp_json
 from stepfork_otel.otel.processor import SftraceSpanProcessor
 from stepfork_otel.otel.setup import configure
@@ -48,7 +47,6 @@ __all__ = [
     "LlmRequest",
     "LlmResponse",
     "OtlpImportError",
-    "OtlpJsonFileExporter",
     "RecordedDependencyError",
     "Redactor",
     "ReplayError",

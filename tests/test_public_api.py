@@ -13,7 +13,6 @@ EXPECTED = {
     "LlmRequest",
     "LlmResponse",
     "OtlpImportError",
-    "OtlpJsonFileExporter",
     "RecordedDependencyError",
     "Redactor",
     "ReplayError",
