@@ -1,7 +1,93 @@
-"""The ``stepfork`` command: implemented with issue 4."""
+"""The ``stepfork`` command: ``replay``, ``validate``, ``export pytest``, ``show``, ``diff`` and
+(issue 5) ``import``.
+
+Each command is one module with ``add_parser(subparsers)`` and ``run(args) -> int``; ``main``
+builds the parser from the list of those modules, so a command is added by writing its module and
+naming it here. Errors are handled once, here: a :class:`~stepfork_otel.cli._common.CliError` (or
+a bundle that cannot be read) is one line on stderr and exit 2; a traceback only with
+``--verbose``. argparse is used (not click or rich): the command must not add dependencies.
+"""
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+from types import ModuleType
+from typing import NoReturn
+
+from stepfork_otel.cli import diff_cmd, export_cmd, replay_cmd, show_cmd, validate_cmd
+from stepfork_otel.cli._common import EXIT_BAD_INPUT, EXIT_OK, CliError, print_error
+from stepfork_otel.trace.bundle import BundleError
+
+_IMPORT_CMD = "stepfork_otel.cli.import_cmd"
+
+
+def command_modules() -> list[ModuleType]:
+    """The command modules, in the order ``stepfork --help`` lists them."""
+    modules: list[ModuleType] = [replay_cmd, validate_cmd, export_cmd, show_cmd, diff_cmd]
+    if importlib.util.find_spec(_IMPORT_CMD) is not None:  # written with issue 5
+        modules.append(importlib.import_module(_IMPORT_CMD))
+    return modules
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (like every other error of the command)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from stepfork_otel import __version__
+
+    parser = _Parser(
+        prog="stepfork",
+        description="Replay, check, inspect and compare .sftrace bundles of recorded agent runs.",
+    )
+    parser.add_argument("--version", action="version", version=f"stepfork_otel {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in command_modules():
+        before = set(subparsers.choices)
+        module.add_parser(subparsers)
+        for name in set(subparsers.choices) - before:
+            subparsers.choices[name].set_defaults(_run=module.run)
+    return parser
+
 
 def main(argv: list[str] | None = None) -> int:
-    raise SystemExit("stepfork: the command line is not implemented yet")
+    """Run the command line; returns the exit code (the console script exits with it)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors
+        return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
+    run = getattr(args, "_run", None)
+    if run is None:
+        parser.print_help(sys.stderr)
+        return EXIT_BAD_INPUT
+    verbose = bool(getattr(args, "verbose", False))
+    try:
+        return int(run(args))
+    except (CliError, BundleError) as exc:
+        if verbose:
+            traceback.print_exc()
+        print_error(str(exc))
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print_error("interrupted")
+        return 130
+    except BrokenPipeError:  # `stepfork show ... | head`: the reader left; not an error to report
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+    except Exception as exc:  # a bug in stepfork itself: still one line unless --verbose
+        if verbose:
+            traceback.print_exc()
+        print_error(
+            f"internal error: {type(exc).__name__}: {exc} (run with --verbose for the traceback)"
+        )
+        return EXIT_BAD_INPUT

@@ -1,0 +1,323 @@
+"""What every ``stepfork`` command shares: exit codes, the one-line error, bundle loading,
+fingerprint abbreviation, colour and progress on a terminal, and resolving a trusted entrypoint.
+
+Why one module: the commands must fail the same way (one line on stderr naming the problem, exit
+2, a traceback only with ``--verbose``), and a user reading two commands' output must see
+fingerprints, previews and colours written the same way. ``import_cmd`` (issue 5) uses it too.
+
+Only the standard library is used: the command is a thin layer over the package, and a colour or
+CLI framework would be a dependency for a few escape codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+from stepfork_otel.trace.bundle import BundleError, load_trace
+from stepfork_otel.trace.canonical import canonical_json
+from stepfork_otel.trace.models import CallEvent, LlmRequest, Trace, payload_value
+
+#: Completed and matched / same / valid.
+EXIT_OK = 0
+#: Diverged / different / invalid.
+EXIT_DIFFERENT = 1
+#: Bad input: unreadable bundle, bad option, unresolvable entrypoint.
+EXIT_BAD_INPUT = 2
+
+#: Hex characters kept when a fingerprint is abbreviated.
+FINGERPRINT_CHARS = 12
+#: Characters of a payload shown in a preview (``--verbose`` shows more).
+PREVIEW_CHARS = 100
+VERBOSE_PREVIEW_CHARS = 2000
+
+_SHA256 = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
+
+
+class CliError(Exception):
+    """A problem with what the user gave (a file, an option, an entrypoint). ``main`` prints it
+    as one line on stderr and exits 2. The message should name the thing and the problem."""
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--verbose`` (full fingerprints, longer previews, tracebacks on errors)."""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="full SHA-256 fingerprints, longer previews, and a traceback on errors",
+    )
+
+
+def print_error(message: str, stream: TextIO | None = None) -> None:
+    """``stepfork: error: <message>`` on stderr, always one line (extra lines are dropped)."""
+    first = message.strip().splitlines()[0] if message.strip() else "unknown error"
+    print(f"stepfork: error: {first}", file=stream or sys.stderr)
+
+
+def load_bundle(path: str | os.PathLike[str]) -> Trace:
+    """Load and structurally validate a bundle; any failure becomes a one-line :class:`CliError`
+    naming the file (missing, directory, not a bundle, truncated, newer format version, ...)."""
+    try:
+        return load_trace(path)
+    except BundleError as exc:
+        raise CliError(str(exc)) from None
+
+
+def abbreviate(fingerprint: str | None, verbose: bool = False) -> str:
+    """A SHA-256 hex digest as shown to people: 12 characters and an ellipsis unless verbose."""
+    if fingerprint is None:
+        return "-"
+    if verbose or len(fingerprint) <= FINGERPRINT_CHARS:
+        return fingerprint
+    return fingerprint[:FINGERPRINT_CHARS] + "…"
+
+
+def abbreviate_in_text(text: str, verbose: bool = False) -> str:
+    """Every SHA-256 hex digest inside ``text`` abbreviated (e.g. a ``ReplayError`` message)."""
+    if verbose:
+        return text
+    return _SHA256.sub(lambda m: abbreviate(m.group(0)), text)
+
+
+def abbreviate_in_data(data: Any, verbose: bool = False) -> Any:
+    """:func:`abbreviate_in_text` applied to every string of a JSON-ready structure."""
+    if verbose:
+        return data
+    if isinstance(data, str):
+        return abbreviate_in_text(data)
+    if isinstance(data, dict):
+        return {k: abbreviate_in_data(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [abbreviate_in_data(v) for v in data]
+    return data
+
+
+def preview(text: str | None, verbose: bool = False, limit: int | None = None) -> str:
+    """A payload's text cut to one readable line (``…`` marks the cut)."""
+    if text is None:
+        return "<not recorded>"
+    limit = limit or (VERBOSE_PREVIEW_CHARS if verbose else PREVIEW_CHARS)
+    flat = text.replace("\n", "\\n")
+    return flat if len(flat) <= limit else flat[:limit] + "…"
+
+
+def first_difference(a: str, b: str, labels: tuple[str, str] = ("A", "B")) -> list[str]:
+    """Where two (already redacted) payload texts first differ, with a little context."""
+    i = next((n for n, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    start = max(0, i - 30)
+    width = max(len(label) for label in labels)
+    return [
+        f"first difference at character {i}:",
+        f"  {labels[0]:<{width}}: …{a[start : i + 50]}…",
+        f"  {labels[1]:<{width}}: …{b[start : i + 50]}…",
+    ]
+
+
+def format_duration(ns: int) -> str:
+    if ns <= 0:
+        return "-"
+    if ns < 1_000_000:
+        return f"{ns / 1000:.0f} µs"
+    if ns < 1_000_000_000:
+        return f"{ns / 1_000_000:.1f} ms"
+    return f"{ns / 1_000_000_000:.2f} s"
+
+
+# --- terminal --------------------------------------------------------------------------------------
+
+
+def is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # closed or replaced streams
+        return False
+
+
+class Style:
+    """ANSI colours, only when writing to a terminal and ``NO_COLOR`` is not set."""
+
+    def __init__(self, stream: TextIO | None, enabled: bool | None = None) -> None:
+        if enabled is None:
+            enabled = stream is not None and is_terminal(stream) and not os.environ.get("NO_COLOR")
+        self.enabled = enabled
+
+    def _wrap(self, code: str, text: str) -> str:
+        return f"\033[{code}m{text}\033[0m" if self.enabled else text
+
+    def bold(self, text: str) -> str:
+        return self._wrap("1", text)
+
+    def dim(self, text: str) -> str:
+        return self._wrap("2", text)
+
+    def red(self, text: str) -> str:
+        return self._wrap("31", text)
+
+    def green(self, text: str) -> str:
+        return self._wrap("32", text)
+
+    def yellow(self, text: str) -> str:
+        return self._wrap("33", text)
+
+    def status(self, status: str) -> str:
+        """A call or run status coloured by meaning."""
+        if status in ("ok", "substituted", "executed", "MATCHED", "REPRODUCED FAILURE"):
+            return self.green(status)
+        if status in ("error", "rejected", "DIVERGED", "INVALID"):
+            return self.red(status)
+        return self.yellow(status)
+
+
+class Progress:
+    """One self-overwriting status line on stderr, shown only when stderr is a terminal (so
+    piped or captured output stays quiet). ``describe`` is polled by a background thread."""
+
+    def __init__(self, describe: Callable[[], str], stream: TextIO | None = None) -> None:
+        self._describe = describe
+        self._stream = stream or sys.stderr
+        self.enabled = is_terminal(self._stream)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _write(self, text: str) -> None:
+        self._stream.write("\r\033[K" + text)
+        self._stream.flush()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.1):
+            self._write(self._describe())
+
+    def __enter__(self) -> Progress:
+        if self.enabled:
+            self._write(self._describe())
+            self._thread = threading.Thread(
+                target=self._loop, name="stepfork-progress", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._write("")
+
+
+# --- entrypoints -----------------------------------------------------------------------------------
+
+
+@contextmanager
+def _cwd_importable() -> Iterator[None]:
+    # as `python -m` does: the current directory first on sys.path (kept there afterwards, the
+    # entrypoint may import lazily while it runs)
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path[:1]:
+        sys.path.insert(0, cwd)
+    yield
+
+
+def resolve_entrypoint(spec: str) -> Callable[..., Any]:
+    """Import ``MODULE:FUNCTION`` (the attribute may be dotted: ``module:Class.method``) from the
+    current working directory and return the callable. This is the only code the command runs;
+    nothing named in a bundle is ever imported. Every failure is a one-line :class:`CliError`."""
+    module_name, sep, attr_path = spec.partition(":")
+    if not sep or not module_name or not attr_path or ":" in attr_path:
+        raise CliError(f"--entrypoint must be MODULE:FUNCTION (e.g. my_agent:run), got {spec!r}")
+    with _cwd_importable():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and (
+                module_name == exc.name or module_name.startswith(exc.name + ".")
+            ):
+                raise CliError(
+                    f"entrypoint module {module_name!r} not found (looked in {os.getcwd()} and "
+                    "on sys.path)"
+                ) from None
+            raise CliError(
+                f"importing entrypoint module {module_name!r} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        except (Exception, SystemExit) as exc:
+            raise CliError(
+                f"importing entrypoint module {module_name!r} raised {type(exc).__name__}: {exc}"
+            ) from exc
+    target: Any = module
+    for part in attr_path.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise CliError(
+                f"entrypoint {spec!r} not found: module {module_name!r} has no attribute "
+                f"{attr_path!r}"
+            ) from None
+    if not callable(target):
+        raise CliError(f"entrypoint {spec!r} is not callable (it is a {type(target).__name__})")
+    return target  # type: ignore[no-any-return]
+
+
+def recorded_arguments(trace: Trace) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """How the entrypoint is called with the recorded run input: no arguments when none was
+    recorded, keyword arguments when it is a JSON object, else the value as the one positional
+    argument. The input is the *redacted* one: a secret in it comes back as its marker."""
+    run = trace.run
+    if run.input is None:
+        if run.input_missing is not None or run.input_sha256 is not None:
+            raise CliError(
+                f"the recorded run input is not in the bundle ({run.input_missing or 'missing'}), "
+                "so the entrypoint cannot be called with it"
+            )
+        return (), {}
+    value = payload_value(run.input)
+    if isinstance(value, dict):
+        return (), value
+    return (value,), {}
+
+
+def check_arguments(
+    fn: Callable[..., Any], spec: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """Fail (exit 2) before replaying when the entrypoint cannot take the recorded input."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins and some C callables have none: just try the call
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        shown = ", ".join([*(repr(a) for a in args), *(f"{k}=…" for k in kwargs)]) or "none"
+        raise CliError(
+            f"entrypoint {spec!r} does not accept the recorded run input (arguments: {shown}): "
+            f"{exc}"
+        ) from None
+
+
+def call_text(spec: str, args: tuple[Any, ...], kwargs: dict[str, Any], limit: int = 60) -> str:
+    """``function(arg=…)`` as shown in reports (values cut; they come from the redacted bundle)."""
+
+    def short(value: Any) -> str:
+        text = repr(value)
+        return text if len(text) <= limit else text[:limit] + "…"
+
+    parts = [*(short(a) for a in args), *(f"{k}={short(v)}" for k, v in kwargs.items())]
+    return f"{spec.partition(':')[2]}({', '.join(parts)})"
+
+
+def call_input_text(call: CallEvent) -> str | None:
+    """What to preview of a call's input. A chat request repeats the whole conversation on every
+    call, so its preview shows the message count and the *last* message: the part that changed."""
+    if not isinstance(call, LlmRequest) or call.input is None:
+        return call.input
+    value = payload_value(call.input)
+    messages = value.get("messages") if isinstance(value, dict) else None
+    if not isinstance(messages, list) or not messages:
+        return call.input
+    return f"{len(messages)} messages, last: {canonical_json(messages[-1])}"

@@ -1,0 +1,225 @@
+"""``stepfork diff A.sftrace B.sftrace``: the first point where two runs differ.
+
+Compared in the order things happened: the run input, then call by call -- nesting, kind, tool
+name or LLM provider/model, the input, and the *outcome*: a tool's result or an LLM's output
+(compared by fingerprint of the redacted canonical payload, so a changed search result or model
+answer is found even when every request was the same), or the recorded failure type -- and
+finally the run's outcome and output. Ids, timestamps and durations are not compared.
+
+Why stop at the first difference: everything after it usually differs *because of* it (a changed
+tool result changes the next prompt), so the first point is the one worth reading. Exit 0 same,
+1 different, 2 unreadable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+from stepfork_otel.cli._common import (
+    EXIT_DIFFERENT,
+    EXIT_OK,
+    Style,
+    abbreviate,
+    add_common_arguments,
+    first_difference,
+    load_bundle,
+    preview,
+)
+from stepfork_otel.cli.outcome import same_type_name
+from stepfork_otel.trace.canonical import sha256_hex
+from stepfork_otel.trace.models import CallEvent, ErrorEvent, LlmRequest, OutcomeEvent, Trace
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "diff",
+        help="the first point where two recorded runs differ",
+        description="Compare two bundles: run input, call sequence, call inputs, tool results "
+        "and LLM outputs, then the final output. Exit 0: same; 1: different.",
+    )
+    parser.add_argument("a", metavar="A", help="first .sftrace bundle")
+    parser.add_argument("b", metavar="B", help="second .sftrace bundle")
+    add_common_arguments(parser)
+
+
+def _sha(text: str | None, stored: str | None) -> str | None:
+    return stored if stored is not None else (None if text is None else sha256_hex(text))
+
+
+def _label(call: CallEvent) -> str:
+    if isinstance(call, LlmRequest):
+        return f"llm {call.provider}/{call.model}"
+    return f"tool {call.name}"
+
+
+@dataclass
+class Difference:
+    """The first difference: where, what, and the two sides as lines."""
+
+    where: str
+    what: str
+    lines: list[str]
+
+
+def _payload_difference(
+    where: str,
+    what: str,
+    a: tuple[str, str | None, str | None],
+    b: tuple[str, str | None, str | None],
+    verbose: bool,
+) -> Difference:
+    """Two payloads that differ: each side's label, fingerprint and preview, then where the
+    texts first differ (when both are in the bundles)."""
+    lines = []
+    for side, (label, text, sha) in (("A", a), ("B", b)):
+        lines.append(f"{side}: {label}  sha256 {abbreviate(sha, verbose)}")
+        lines.append(f"   {preview(text, verbose)}")
+    if a[1] is not None and b[1] is not None:
+        lines.extend(first_difference(a[1], b[1]))
+    return Difference(where, what, lines)
+
+
+def _same_outcome(a: OutcomeEvent | None, b: OutcomeEvent | None) -> tuple[bool, bool]:
+    """(same kind of outcome, same payload). A recorded failure is compared by type name --
+    tolerating ``__main__`` against the module, as replay does -- and redacted message."""
+    if a is None or b is None:
+        return a is None and b is None, True
+    if isinstance(a, ErrorEvent) or isinstance(b, ErrorEvent):
+        if not (isinstance(a, ErrorEvent) and isinstance(b, ErrorEvent)):
+            return False, False
+        return same_type_name(a.error_type, b.error_type), a.message == b.message
+    return True, _sha(a.output, a.output_sha256) == _sha(b.output, b.output_sha256)
+
+
+def _describe_outcome(outcome: OutcomeEvent | None) -> str:
+    if outcome is None:
+        return "no recorded result"
+    if isinstance(outcome, ErrorEvent):
+        return f"failed with {outcome.error_type}"
+    return "returned"
+
+
+def compare(a: Trace, b: Trace, verbose: bool) -> Difference | None:
+    """The first difference between two runs, or None when they are the same."""
+    ra, rb = a.run, b.run
+    sa, sb = _sha(ra.input, ra.input_sha256), _sha(rb.input, rb.input_sha256)
+    if sa != sb:
+        return _payload_difference(
+            "run",
+            "run input differs",
+            ("run input", ra.input, sa),
+            ("run input", rb.input, sb),
+            verbose,
+        )
+    calls_a, calls_b = a.calls, b.calls
+    pos_a = {c.id: n for n, c in enumerate(calls_a, 1)}
+    pos_b = {c.id: n for n, c in enumerate(calls_b, 1)}
+    for n, (ca, cb) in enumerate(zip(calls_a, calls_b, strict=False), 1):
+        where = f"call {n} (A {ca.id}, B {cb.id})"
+        head = [f"A: {ca.id} {_label(ca)}", f"B: {cb.id} {_label(cb)}"]
+        if _label(ca) != _label(cb):
+            return Difference(where, "a different call was made", head)
+        parent_a = pos_a.get(ca.parent_id or "")
+        parent_b = pos_b.get(cb.parent_id or "")
+        if parent_a != parent_b:
+            return Difference(
+                where,
+                "made at a different nesting level",
+                [
+                    f"A: inside call {parent_a}" if parent_a else "A: at run level",
+                    f"B: inside call {parent_b}" if parent_b else "B: at run level",
+                ],
+            )
+        ia, ib = _sha(ca.input, ca.input_sha256), _sha(cb.input, cb.input_sha256)
+        if ia != ib:
+            what = "request (prompt) differs" if isinstance(ca, LlmRequest) else "arguments differ"
+            return _payload_difference(
+                where,
+                f"{_label(ca)}: {what}",
+                (ca.id, ca.input, ia),
+                (cb.id, cb.input, ib),
+                verbose,
+            )
+        oa, ob = a.outcome_of(ca), b.outcome_of(cb)
+        same_kind, same_payload = _same_outcome(oa, ob)
+        if not same_kind:
+            return Difference(
+                where,
+                f"{_label(ca)}: a different outcome",
+                [f"A: {_describe_outcome(oa)}", f"B: {_describe_outcome(ob)}"],
+            )
+        if not same_payload and oa is not None and ob is not None:
+            what = (
+                "failure message differs"
+                if isinstance(oa, ErrorEvent)
+                else "output differs"
+                if isinstance(ca, LlmRequest)
+                else "result differs"
+            )
+            return _payload_difference(
+                where,
+                f"{_label(ca)}: {what} (same request)",
+                (f"{ca.id} outcome", oa.output, _sha(oa.output, oa.output_sha256)),
+                (f"{cb.id} outcome", ob.output, _sha(ob.output, ob.output_sha256)),
+                verbose,
+            )
+    if len(calls_a) != len(calls_b):
+        n = min(len(calls_a), len(calls_b)) + 1
+        longer, side, other = (
+            (calls_a, "A", "B") if len(calls_a) > len(calls_b) else (calls_b, "B", "A")
+        )
+        extra = longer[n - 1 :]
+        return Difference(
+            f"call {n}",
+            f"{side} made {len(extra)} more call(s) than {other}",
+            [f"A: {len(calls_a)} calls", f"B: {len(calls_b)} calls"]
+            + [f"{side} only: {c.id} {_label(c)}" for c in extra[:5]]
+            + ([f"{side} only: … {len(extra) - 5} more"] if len(extra) > 5 else []),
+        )
+    if ra.status != rb.status or not same_type_name(ra.error_type or "", rb.error_type or ""):
+        return Difference(
+            "run outcome",
+            "the runs ended differently",
+            [
+                f"A: {ra.status}" + (f" {ra.error_type}" if ra.error_type else ""),
+                f"B: {rb.status}" + (f" {rb.error_type}" if rb.error_type else ""),
+            ],
+        )
+    oa_sha, ob_sha = _sha(ra.output, ra.output_sha256), _sha(rb.output, rb.output_sha256)
+    if oa_sha != ob_sha:
+        return _payload_difference(
+            "run output",
+            "final output differs",
+            ("run output", ra.output, oa_sha),
+            ("run output", rb.output, ob_sha),
+            verbose,
+        )
+    return None
+
+
+def _summary(trace: Trace) -> str:
+    run = trace.run
+    status = f"error {run.error_type}" if run.status == "error" else run.status
+    return f"{run.name or 'run'}, {status}, {len(trace.calls)} calls"
+
+
+def run(args: argparse.Namespace) -> int:
+    a = load_bundle(args.a)
+    b = load_bundle(args.b)
+    style = Style(sys.stdout)
+    print(f"A: {args.a}  ({_summary(a)})")
+    print(f"B: {args.b}  ({_summary(b)})")
+    difference = compare(a, b, args.verbose)
+    if difference is None:
+        print(
+            style.green("same")
+            + f": {len(a.calls)} calls with the same inputs and results, the same outcome and "
+            "final output (ids and timings not compared)"
+        )
+        return EXIT_OK
+    print(style.red("different") + f" — first difference at {difference.where}: {difference.what}")
+    for line in difference.lines:
+        print(f"  {line}")
+    return EXIT_DIFFERENT

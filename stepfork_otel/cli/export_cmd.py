@@ -1,0 +1,394 @@
+"""``stepfork export pytest TRACE --entrypoint MODULE:FUNCTION [-o FILE]``: turn a recorded run
+into a readable regression test.
+
+The test replays the bundle with the pytest plugin's ``stepfork_replay`` marker (frozen, unless
+live tools are named: then ``live`` with the allowlist written into the test), calls the
+entrypoint with the recorded input, calls ``verify_complete()`` and asserts the recorded outcome:
+the same output fingerprint (redacted canonical JSON), or the recorded failure type. It passes on
+the code that produced the bundle and fails, with the same divergence report as ``stepfork
+replay``, when the agent's behaviour changes.
+
+Why the plugin and not a bare ``ReplaySession`` in the generated file: a hand-written replay test
+and an exported one then fail with one report, written by one piece of code, and the generated
+body shows only what a reader needs -- the agent call and the expected outcome.
+
+Calls recorded with replay policy ``forbidden`` or ``manual`` (a payment, say) are never replayed
+automatically: the generated test fails at them unless the user approves each by id
+(``--approve call-6``), which writes a visible approval list into the test (manual mode; the
+approved calls are substituted, their bodies never run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import re
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from stepfork_otel.cli._common import (
+    CliError,
+    abbreviate,
+    add_common_arguments,
+    check_arguments,
+    load_bundle,
+    recorded_arguments,
+    resolve_entrypoint,
+)
+from stepfork_otel.cli.outcome import recorded_output_sha256
+from stepfork_otel.trace.models import CallEvent, LlmRequest, ToolCall, Trace
+from stepfork_otel.trace.policy import ReplayPolicy
+
+#: Recorded outputs longer than this are not written into the test (the fingerprint is).
+MAX_INLINE_OUTPUT = 2000
+_TEMPLATE_NAMES = {
+    "BUNDLE",
+    "RECORDED_INPUT",
+    "RECORDED_FAILURE",
+    "RECORDED_OUTPUT",
+    "RECORDED_OUTPUT_SHA256",
+    "APPROVED_CALLS",
+    "ALLOW_LIVE_TOOLS",
+    "approve",
+    "asyncio",
+    "pytest",
+    "Path",
+    "ReplayPolicy",
+    "ReplaySession",
+    "RecordedCall",
+    "assert_recorded_output",
+    "expect_recorded_failure",
+}
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    export = subparsers.add_parser(
+        "export",
+        help="turn a recorded run into a regression test",
+        description="Turn a recorded run into a test. Kinds: pytest.",
+    )
+    kinds = export.add_subparsers(dest="export_kind", metavar="KIND", required=True)
+    parser = kinds.add_parser(
+        "pytest",
+        help="write a pytest file that replays the bundle and asserts the recorded outcome",
+        description=(
+            "Write a pytest file that replays TRACE (frozen unless --allow-live-tool is given), "
+            "calls verify_complete() and asserts the recorded outcome."
+        ),
+    )
+    parser.add_argument("trace", metavar="TRACE", help="the .sftrace bundle")
+    parser.add_argument(
+        "--entrypoint",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="trusted callable the test runs, resolved against the current directory",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="where to write the test (default: test_replay_<bundle name>.py; '-' for stdout)",
+    )
+    parser.add_argument(
+        "--allow-live-tool",
+        action="append",
+        default=[],
+        dest="allow_live_tools",
+        metavar="NAME",
+        help="replay in live mode and let this tool run for real (repeat for more); LLM calls "
+        "then run live too",
+    )
+    parser.add_argument(
+        "--approve",
+        action="append",
+        default=[],
+        metavar="CALL_ID",
+        help="approve a recorded call with replay policy forbidden/manual (e.g. call-6): its "
+        "recorded result is substituted (repeat for more)",
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite an existing file")
+    add_common_arguments(parser)
+
+
+def _identifier(text: str) -> str:
+    name = re.sub(r"\W+", "_", text).strip("_").lower()
+    return name or "run"
+
+
+def _literal(value: Any, indent: int = 0) -> str:
+    """A JSON value as Python source, double-quoted like ruff/black would write it; an object or
+    array that does not fit on one line gets one item per line."""
+    flat = _flat(value)
+    if len(flat) + indent <= 72 or not isinstance(value, (dict, list)) or not value:
+        return flat
+    pad = " " * (indent + 4)
+    if isinstance(value, dict):
+        items = [f"{pad}{_flat(k)}: {_literal(v, indent + 4)}," for k, v in value.items()]
+        return "{\n" + "\n".join(items) + "\n" + " " * indent + "}"
+    items = [f"{pad}{_literal(v, indent + 4)}," for v in value]
+    return "[\n" + "\n".join(items) + "\n" + " " * indent + "]"
+
+
+def _flat(value: Any) -> str:
+    if isinstance(value, str):
+        text = json.dumps(value, ensure_ascii=False)  # a valid Python literal too
+        if '"' in value and "'" not in value:  # as ruff/black quote it: fewer escapes
+            return "'" + text[1:-1].replace('\\"', '"') + "'"
+        return text
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_flat(k)}: {_flat(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_flat(v) for v in value) + "]"
+    return repr(value)  # None, bool, int, float: the Python spelling
+
+
+def _bundle_expression(bundle: Path, output: Path | None) -> str:
+    if output is None:
+        return f"Path({_flat(str(bundle.resolve()))})"
+    try:
+        rel = os.path.relpath(bundle.resolve(), output.resolve().parent)
+    except ValueError:  # another drive
+        return f"Path({_flat(str(bundle.resolve()))})"
+    return f"Path(__file__).parent / {_flat(Path(rel).as_posix())}"
+
+
+def _needs_approval(trace: Trace) -> list[CallEvent]:
+    return [
+        c for c in trace.calls if c.replay_policy in (ReplayPolicy.FORBIDDEN, ReplayPolicy.MANUAL)
+    ]
+
+
+def _label(call: CallEvent) -> str:
+    return f"llm {call.provider}/{call.model}" if isinstance(call, LlmRequest) else call.name
+
+
+def render_test(
+    trace: Trace,
+    *,
+    trace_arg: str,
+    bundle: Path,
+    output: Path | None,
+    entrypoint: str,
+    is_async: bool,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    allow_live_tools: list[str],
+    approved: list[str],
+) -> str:
+    """The text of the test module."""
+    run = trace.run
+    module, _, attr_path = entrypoint.partition(":")
+    first, _, rest = attr_path.partition(".")
+    imported = first if first not in _TEMPLATE_NAMES else "agent_entrypoint"
+    import_line = (
+        f"from {module} import {first}"
+        if imported == first
+        else f"from {module} import {first} as {imported}"
+    )
+    target = imported + (f".{rest}" if rest else "")
+    call_args = "**RECORDED_INPUT" if kwargs else ("RECORDED_INPUT" if args else "")
+    call = f"{target}({call_args})"
+    if is_async:
+        call = f"asyncio.run({call})"
+    mode = "manual" if approved else "live" if allow_live_tools else "frozen"
+    stem = _identifier(bundle.name.removesuffix(".gz").removesuffix(".sftrace"))
+    failed = run.status == "error"
+    output_sha = recorded_output_sha256(run)
+
+    if failed:
+        expectation = (
+            f"no longer fails with {run.error_type} (only the exception type is compared, not "
+            "its message or side effects)"
+        )
+    elif output_sha is not None:
+        expectation = "returns a different output (compared by fingerprint, after redaction)"
+    else:
+        expectation = "(the recorded run has no final output, so the return value is not checked)"
+    mode_text = {
+        "frozen": 'mode "frozen": no model, no side effects',
+        "live": 'mode "live": LLM calls and the tools in ALLOW_LIVE_TOOLS RUN FOR REAL',
+        "manual": 'mode "manual": the calls in APPROVED_CALLS are approved explicitly below',
+    }[mode]
+    status = f"failed with {run.error_type}" if failed else "completed"
+    rerun = f"stepfork export pytest {trace_arg} --entrypoint {entrypoint}"
+    rerun += "".join(f" --allow-live-tool {t}" for t in allow_live_tools)
+    rerun += "".join(f" --approve {a}" for a in approved)
+    paragraph = (
+        "The test runs the agent's own code again with every recorded tool and LLM call served "
+        f"from the bundle ({mode_text}) and fails, with the divergence report, when the agent "
+        f"makes a different call, skips a recorded one, or {expectation}."
+    )
+    doc = [
+        f'"""Replay regression test, exported by `stepfork export pytest` from {bundle.name}.',
+        "",
+        f"Recorded run: {run.name or 'run'}, {status}, {len(trace.calls)} calls "
+        f"(trace {abbreviate(trace.trace_id)}).",
+        *textwrap.wrap(paragraph, 92),
+        "",
+        "Needs the stepfork pytest plugin (installed with stepfork-otel). Run it from the",
+        f"directory `{module}` is imported from:  python -m pytest <this file>",
+        "Exported with:",
+        f"    {rerun}",
+        '"""',
+    ]
+    imports = ["from __future__ import annotations", ""]
+    if is_async:
+        imports.append("import asyncio")
+    imports += ["from pathlib import Path", "", "import pytest", "", import_line]
+    stepfork_names = ["ReplaySession"] + (["ReplayPolicy"] if approved else [])
+    imports.append(f"from stepfork_otel import {', '.join(sorted(stepfork_names))}")
+    helper = "expect_recorded_failure" if failed else "assert_recorded_output"
+    if failed or output_sha is not None:
+        imports.append(f"from stepfork_otel.pytest_plugin import {helper}")
+    if approved:
+        imports.append("from stepfork_otel.replay.plan import RecordedCall")
+
+    constants = [f"BUNDLE = {_bundle_expression(bundle, output)}"]
+    if args or kwargs:
+        if run.input is not None and "[REDACTED" in run.input:
+            constants.append(
+                "# The recorded input had secrets; they were redacted, and the agent gets the markers."
+            )
+        value = kwargs if kwargs else args[0]
+        constants.append(f"RECORDED_INPUT = {_literal(value)}")
+    if failed:
+        constants.append(f"RECORDED_FAILURE = {_flat(run.error_type)}")
+    elif output_sha is not None:
+        shown = (
+            run.output if run.output is not None and len(run.output) <= MAX_INLINE_OUTPUT else None
+        )
+        constants.append(
+            "#: The recorded run output (redacted canonical JSON) and its fingerprint."
+        )
+        constants.append(f"RECORDED_OUTPUT = {_flat(shown)}")
+        constants.append(f"RECORDED_OUTPUT_SHA256 = {_flat(output_sha)}")
+    if allow_live_tools:
+        constants.append("#: Tools that run for real in this test (their side effects happen).")
+        constants.append(f"ALLOW_LIVE_TOOLS = {_flat(sorted(set(allow_live_tools)))}")
+
+    approval: list[str] = []
+    if approved:
+        approval = [
+            "",
+            "#: Recorded calls with replay policy forbidden/manual that this test approves: their",
+            "#: recorded results are substituted, their bodies never run.",
+            "APPROVED_CALLS = {" + ", ".join(_flat(a) for a in sorted(set(approved))) + "}",
+            "",
+            "",
+            "def approve(call: RecordedCall) -> bool:",
+            '    """Manual mode asks for every call: approve the ordinary ones and those listed."""',
+            "    if call.policy in (ReplayPolicy.FORBIDDEN, ReplayPolicy.MANUAL):",
+            "        return call.event.id in APPROVED_CALLS",
+            "    return True",
+        ]
+
+    marker_args = [f'BUNDLE, mode="{mode}"']
+    if allow_live_tools:
+        marker_args.append("allow_live_tools=ALLOW_LIVE_TOOLS")
+    if approved:
+        marker_args.append("approve=approve")
+    body: list[str]
+    if failed:
+        body = [
+            "    with expect_recorded_failure(RECORDED_FAILURE):",
+            f"        {call}",
+            "    stepfork_replay.verify_complete()",
+        ]
+    elif output_sha is not None:
+        body = [
+            f"    output = {call}",
+            "    stepfork_replay.verify_complete()",
+            "    assert_recorded_output(output, RECORDED_OUTPUT_SHA256, RECORDED_OUTPUT)",
+        ]
+    else:
+        body = [
+            "    # the recorded run has no final output (run.set_output(...) was not called):",
+            "    # only the dependency calls are checked",
+            f"    {call}",
+            "    stepfork_replay.verify_complete()",
+        ]
+    test = [
+        "",
+        "",
+        f"@pytest.mark.stepfork_replay({', '.join(marker_args)})",
+        f"def test_{stem}_replays(stepfork_replay: ReplaySession) -> None:",
+        *body,
+    ]
+    return "\n".join([*doc, "", *imports, "", *constants, *approval, *test]) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    bundle = Path(args.trace)
+    trace = load_bundle(bundle)
+    fn = resolve_entrypoint(args.entrypoint)
+    call_args, call_kwargs = recorded_arguments(trace)
+    check_arguments(fn, args.entrypoint, call_args, call_kwargs)
+    if args.approve and args.allow_live_tools:
+        raise CliError(
+            "--approve (manual mode: nothing runs) and --allow-live-tool (live mode) cannot be "
+            "combined"
+        )
+    ids = {c.id: c for c in trace.calls}
+    for call_id in args.approve:
+        if call_id not in ids:
+            raise CliError(f"--approve {call_id}: no such recorded call in {args.trace}")
+    tools = {c.name for c in trace.calls if isinstance(c, ToolCall)}
+    for name in args.allow_live_tools:
+        if name not in tools:
+            print(
+                f"stepfork: note: --allow-live-tool {name}: no recorded call of that tool",
+                file=sys.stderr,
+            )
+    for call in _needs_approval(trace):
+        if call.id not in args.approve:
+            print(
+                f"stepfork: note: {call.id} ({_label(call)}) has replay policy "
+                f"'{call.replay_policy.value}': the exported test fails at it unless approved "
+                f"with --approve {call.id}",
+                file=sys.stderr,
+            )
+    output = (
+        None
+        if args.output == "-"
+        else Path(
+            args.output
+            or f"test_replay_{_identifier(bundle.name.removesuffix('.gz').removesuffix('.sftrace'))}.py"
+        )
+    )
+    text = render_test(
+        trace,
+        trace_arg=args.trace,
+        bundle=bundle,
+        output=output,
+        entrypoint=args.entrypoint,
+        is_async=inspect.iscoroutinefunction(fn),
+        args=call_args,
+        kwargs=call_kwargs,
+        allow_live_tools=args.allow_live_tools,
+        approved=args.approve,
+    )
+    if output is None:
+        sys.stdout.write(text)
+        return 0
+    if output.exists() and not args.force:
+        raise CliError(f"{output} already exists (use --force to overwrite)")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot write {output}: {exc.strerror or exc}") from None
+    mode = "manual" if args.approve else "live" if args.allow_live_tools else "frozen"
+    expects = (
+        f"expects {trace.run.error_type}"
+        if trace.run.status == "error"
+        else "expects the recorded output"
+        if recorded_output_sha256(trace.run)
+        else "checks the calls (no recorded output)"
+    )
+    print(f"wrote {output} ({mode} replay of {args.trace}; {expects})")
+    print(f"run it: python -m pytest {output}")
+    return 0

@@ -1,0 +1,383 @@
+"""``stepfork replay TRACE --entrypoint MODULE:FUNCTION``: re-run the agent's own code with every
+recorded dependency call served from the bundle, and say whether it still does what it did.
+
+The report has three separate parts, because they answer different questions and fail for
+different reasons: (1) what the entrypoint did (returned / raised what), (2) whether every
+dependency call matched the recording (per call: substituted / executed / rejected, and the first
+divergence in full), (3) whether the outcome matches the recorded one (MATCHED / DIVERGED / NOT
+RECORDED / REPRODUCED FAILURE; see :mod:`stepfork_otel.cli.outcome`).
+
+Exit codes: 0 matched (or reproduced the recorded failure), 1 diverged, 2 bad input.
+
+The entrypoint is trusted code named by the user and resolved against the working directory;
+nothing named in the bundle is imported (its recorded entrypoint is shown as a hint only). With
+``--json`` the entrypoint's own prints go to stderr so stdout stays one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import inspect
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepfork_otel.cli._common import (
+    EXIT_DIFFERENT,
+    EXIT_OK,
+    CliError,
+    Progress,
+    Style,
+    abbreviate,
+    abbreviate_in_data,
+    abbreviate_in_text,
+    add_common_arguments,
+    call_input_text,
+    call_text,
+    check_arguments,
+    is_terminal,
+    load_bundle,
+    preview,
+    recorded_arguments,
+    resolve_entrypoint,
+)
+from stepfork_otel.cli.outcome import OutcomeComparison, compare_outcome, describe_exception
+from stepfork_otel.cli.report import matching_data, matching_headline, matching_section
+from stepfork_otel.replay.errors import (
+    RecordedDependencyError,
+    ReplayError,
+    ReplayModeError,
+    ReplayPolicyError,
+)
+from stepfork_otel.replay.plan import RecordedCall
+from stepfork_otel.replay.session import ReplayResult, ReplaySession, parse_mode
+from stepfork_otel.trace.bundle import BundleError
+from stepfork_otel.trace.models import Trace
+from stepfork_otel.trace.policy import ReplayMode, ReplayPolicy
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "replay",
+        help="re-run an entrypoint against a recorded bundle and compare",
+        description=(
+            "Re-run a trusted entrypoint with every recorded tool and LLM call served from the "
+            "bundle. Exit 0: matched or reproduced the recorded failure; 1: diverged; "
+            "2: bad mode, unreadable bundle or unresolvable entrypoint."
+        ),
+    )
+    parser.add_argument("trace", metavar="TRACE", help="the .sftrace bundle")
+    parser.add_argument(
+        "--entrypoint",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="trusted callable to run, resolved against the current directory",
+    )
+    parser.add_argument(
+        "--mode",
+        default="frozen",
+        metavar="MODE",
+        help="replay mode: frozen, live, hybrid, forbidden, manual (default: frozen)",
+    )
+    parser.add_argument(
+        "--allow-live-tool",
+        action="append",
+        default=[],
+        dest="allow_live_tools",
+        metavar="NAME",
+        help="with --mode live: a tool that may run for real (repeat for more)",
+    )
+    parser.add_argument(
+        "--live-llm",
+        action="append",
+        default=[],
+        dest="live_llms",
+        metavar="PROVIDER/MODEL",
+        help="with --mode hybrid: an LLM that runs again ('provider/model', 'provider/*' or "
+        "'model'; repeat for more)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    add_common_arguments(parser)
+
+
+# --- manual approval -------------------------------------------------------------------------------
+
+
+def prompt_approver(verbose: bool) -> Callable[[RecordedCall], bool]:
+    """Ask on the terminal (stderr + stdin) before each recorded call is substituted."""
+
+    def approve(rc: RecordedCall) -> bool:
+        event = rc.event
+        label = (
+            f"llm {getattr(event, 'provider', '')}/{getattr(event, 'model', '')}"
+            if rc.kind == "llm"
+            else f"tool {rc.name}"
+        )
+        outcome = rc.outcome
+        out = sys.stderr
+        print(
+            f"\nrecorded call {event.id}: {label} (replay policy {event.replay_policy.value})",
+            file=out,
+        )
+        print(f"  input:  {preview(call_input_text(event), verbose)}", file=out)
+        if outcome is not None:
+            print(f"  result: {preview(outcome.output, verbose)}", file=out)
+        out.write("substitute the recorded result (the call's body does not run)? [y/N] ")
+        out.flush()
+        answer = sys.stdin.readline()
+        return answer.strip().lower() in ("y", "yes")
+
+    return approve
+
+
+# --- running the entrypoint ------------------------------------------------------------------------
+
+
+@dataclass
+class Execution:
+    """What the entrypoint did."""
+
+    called: str
+    returned: Any = None
+    raised: BaseException | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "called": self.called,
+            "outcome": "raised" if self.raised is not None else "returned",
+        }
+        if self.raised is not None:
+            data["exception"] = describe_exception(self.raised)
+            data["exception_type"] = type(self.raised).__name__
+            if isinstance(self.raised, RecordedDependencyError):
+                data["recorded_error_type"] = self.raised.error_type
+        return data
+
+
+async def _await(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+def execute(
+    session: ReplaySession,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    execution: Execution,
+    *,
+    progress: bool,
+    stdout_to_stderr: bool,
+) -> None:
+    """Run the entrypoint inside the session (``async def`` entrypoints on a fresh event loop,
+    which sees the session through the copied context), then check for left-over calls."""
+
+    def describe() -> str:
+        calls = session.calls
+        last = calls[-1] if calls else None
+        now = f"call {last.position}: {last.action} {last.kind} {last.name}" if last else "starting"
+        return f"replaying ({session.mode.value}) … {now}"
+
+    redirect = (
+        contextlib.redirect_stdout(sys.stderr) if stdout_to_stderr else contextlib.nullcontext()
+    )
+    ticker = Progress(describe) if progress else contextlib.nullcontext()
+    with session, redirect, ticker:
+        try:
+            value = fn(*args, **kwargs)
+            if inspect.isawaitable(value):
+                value = asyncio.run(_await(value))
+            execution.returned = value
+        except (Exception, SystemExit) as exc:  # what the agent raised is part of the report
+            execution.raised = exc
+    if not session.errors:
+        with contextlib.suppress(ReplayError):
+            session.verify_complete()
+
+
+# --- the report ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ReplayReport:
+    trace_path: str
+    entrypoint: str
+    trace: Trace
+    mode: ReplayMode
+    execution: Execution
+    result: ReplayResult
+    outcome: OutcomeComparison
+    notes: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        matched = not self.result.errors and not self.result.pending
+        return EXIT_OK if matched and self.outcome.ok else EXIT_DIFFERENT
+
+    def recorded_summary(self) -> str:
+        run = self.trace.run
+        status = (
+            f"failed with {run.error_type}"
+            if run.status == "error"
+            else "completed"
+            if run.status == "ok"
+            else "did not finish"
+        )
+        return f"{run.name or 'run'}, {status}, {len(self.trace.calls)} calls"
+
+    def conclusion(self) -> str:
+        if self.exit_code == EXIT_OK:
+            if self.outcome.verdict == "REPRODUCED FAILURE":
+                return "reproduced the recorded failure"
+            return "completed and matched the recording"
+        if self.result.errors or self.result.pending:
+            return "diverged from the recording (dependency calls)"
+        return "diverged from the recording (outcome)"
+
+    def to_dict(self, verbose: bool) -> dict[str, Any]:
+        run = self.trace.run
+        data = {
+            "trace": self.trace_path,
+            "trace_id": self.trace.trace_id,
+            "entrypoint": self.entrypoint,
+            "mode": self.mode.value,
+            "recorded_run": {
+                "name": run.name,
+                "status": run.status,
+                "error_type": run.error_type,
+                "calls": len(self.trace.calls),
+                "output_sha256": self.outcome.recorded_sha256,
+                "entrypoint_hint": run.entrypoint,
+            },
+            "execution": self.execution.to_dict(),
+            "matching": matching_data(self.result, len(self.trace.calls)),
+            "output": self.outcome.to_dict(),
+            "notes": self.notes,
+            "hints": self.hints,
+            "result": self.conclusion(),
+            "exit_code": self.exit_code,
+        }
+        return abbreviate_in_data(data, verbose)  # type: ignore[no-any-return]
+
+    def render(self, style: Style, verbose: bool) -> str:
+        i = "   "
+        lines = [
+            style.bold(f"stepfork replay {self.trace_path}"),
+            f"{i}entrypoint {self.entrypoint} · mode {self.mode.value}",
+            f"{i}recorded run: {self.recorded_summary()} "
+            f"(trace {abbreviate(self.trace.trace_id, verbose)})",
+        ]
+        lines.extend(f"{i}note: {note}" for note in self.notes)
+        ex = self.execution
+        lines += ["", style.bold("1. Entrypoint execution"), f"{i}called {ex.called}"]
+        if ex.raised is None:
+            lines.append(f"{i}returned {preview(self.outcome.replayed_preview, verbose)}")
+        else:
+            lines.append(f"{i}raised {abbreviate_in_text(describe_exception(ex.raised), verbose)}")
+        headline = matching_headline(self.result, len(self.trace.calls))
+        verdict, _, rest = headline.partition(" ")
+        lines += [
+            "",
+            style.bold("2. Dependency-call matching: ") + style.status(verdict) + f" {rest}",
+            *matching_section(self.result, len(self.trace.calls), style, verbose, indent=i),
+            *(f"{i}hint: {hint}" for hint in self.hints),
+            "",
+            style.bold("3. Output comparison: ") + style.status(self.outcome.verdict),
+            f"{i}{self.outcome.detail}",
+        ]
+        if self.outcome.recorded_sha256 or self.outcome.replayed_sha256:
+            lines.append(
+                f"{i}recorded output sha256 {abbreviate(self.outcome.recorded_sha256, verbose)}"
+                f" · this run {abbreviate(self.outcome.replayed_sha256, verbose)}"
+            )
+        lines += ["", f"result: {self.conclusion()} (exit {self.exit_code})"]
+        return "\n".join(lines)
+
+
+def _policy_hint(trace: Trace, result: ReplayResult, args: argparse.Namespace) -> list[str]:
+    """How to get past a call that must be approved (a ``forbidden``/``manual`` policy)."""
+    first = result.errors[0] if result.errors else None
+    if not isinstance(first, ReplayPolicyError) or first.expected is None:
+        return []
+    event = next((c for c in trace.calls if c.id == first.expected.event_id), None)
+    if event is None or event.replay_policy not in (ReplayPolicy.FORBIDDEN, ReplayPolicy.MANUAL):
+        return []
+    return [
+        f"{event.id} was recorded with replay policy '{event.replay_policy.value}': approve it "
+        f"with `stepfork replay {args.trace} --entrypoint {args.entrypoint} --mode manual` on "
+        f"a terminal, or write the approval into a test with `stepfork export pytest ... "
+        f"--approve {event.id}`"
+    ]
+
+
+def _notes(trace: Trace, spec: str, mode: ReplayMode, interactive: bool) -> list[str]:
+    notes: list[str] = []
+    run = trace.run
+    if run.input is not None and "[REDACTED" in run.input:
+        notes.append(
+            "the recorded input contains redacted values; the entrypoint receives the "
+            "[REDACTED…] markers, not the original secrets"
+        )
+    if run.entrypoint and run.entrypoint != spec:
+        notes.append(f"the bundle was recorded from {run.entrypoint} (a hint; not used)")
+    if not trace.complete:
+        notes.append(f"the bundle is incomplete ({trace.incomplete_reason or 'run cut short'})")
+    if mode is ReplayMode.MANUAL and not interactive:
+        notes.append("manual mode: stdin is not a terminal, so no call could be approved")
+    return notes
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        mode = parse_mode(args.mode)  # before anything is read or imported
+    except ReplayModeError as exc:
+        raise CliError(str(exc)) from None
+    trace = load_bundle(args.trace)
+    fn = resolve_entrypoint(args.entrypoint)
+    call_args, call_kwargs = recorded_arguments(trace)
+    check_arguments(fn, args.entrypoint, call_args, call_kwargs)
+    interactive = is_terminal(sys.stdin) and is_terminal(sys.stderr)
+    approve = prompt_approver(args.verbose) if mode is ReplayMode.MANUAL and interactive else None
+    try:
+        session = ReplaySession(
+            trace,
+            mode,
+            allow_live_tools=args.allow_live_tools,
+            live_llms=args.live_llms,
+            approve=approve,
+            source=args.trace,
+        )
+    except (BundleError, ReplayModeError) as exc:  # tampered bundle; options that do not fit
+        raise CliError(str(exc)) from None
+    execution = Execution(call_text(args.entrypoint, call_args, call_kwargs))
+    execute(
+        session,
+        fn,
+        call_args,
+        call_kwargs,
+        execution,
+        progress=mode is not ReplayMode.MANUAL,
+        stdout_to_stderr=args.json,
+    )
+    outcome = compare_outcome(trace.run, returned=execution.returned, raised=execution.raised)
+    report = ReplayReport(
+        trace_path=args.trace,
+        entrypoint=args.entrypoint,
+        trace=trace,
+        mode=mode,
+        execution=execution,
+        result=session.summary,
+        outcome=outcome,
+        notes=_notes(trace, args.entrypoint, mode, interactive),
+    )
+    if mode is not ReplayMode.MANUAL:
+        report.hints = _policy_hint(trace, report.result, args)
+    if args.json:
+        print(json.dumps(report.to_dict(args.verbose), indent=2, ensure_ascii=False))
+    else:
+        print(report.render(Style(sys.stdout), args.verbose))
+    return report.exit_code

@@ -1,0 +1,143 @@
+"""The dependency-call matching report: what replay did with each call, what was left over, and
+the first divergence in full.
+
+Shared by ``stepfork replay`` (part 2 of its report) and the pytest plugin (the failure message of
+a replay test), so a failure read in a terminal and in a test run look the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepfork_otel.cli._common import Style, abbreviate_in_text, preview
+from stepfork_otel.record import settings as _settings
+from stepfork_otel.replay.errors import ReplayError
+from stepfork_otel.replay.plan import RecordedCall
+from stepfork_otel.replay.session import ReplayedCall, ReplayResult
+
+
+def _redacted(text: str | None) -> str | None:
+    # an executed (live) call's exception message was never redacted by replay
+    return None if text is None else _settings.settings().redactor.redact_message(text)
+
+
+def call_label(kind: str, name: str, provider: str | None, model: str | None) -> str:
+    return f"llm {provider}/{model}" if kind == "llm" else f"tool {name}"
+
+
+def recorded_label(rc: RecordedCall) -> str:
+    event = rc.event
+    provider = getattr(event, "provider", None)
+    model = getattr(event, "model", None)
+    return f"{event.id} " + call_label(rc.kind, rc.name, provider, model)
+
+
+def matching_verdict(result: ReplayResult) -> str:
+    """``MATCHED`` or ``DIVERGED``: a divergence raised (caught by the agent or not), or recorded
+    calls left over."""
+    return "MATCHED" if not result.errors and not result.pending else "DIVERGED"
+
+
+def matching_headline(result: ReplayResult, recorded_calls: int) -> str:
+    matched = sum(1 for c in result.calls if c.action != "rejected")
+    skipped = f", {len(result.skipped)} skipped inside substituted calls" if result.skipped else ""
+    first = result.errors[0] if result.errors else None
+    if first is not None and first.position:
+        return (
+            f"DIVERGED at call {first.position} ({matched} of {recorded_calls} recorded calls "
+            f"matched{skipped})"
+        )
+    if result.pending:
+        return (
+            f"DIVERGED ({len(result.pending)} of {recorded_calls} recorded calls never made"
+            f"{skipped})"
+        )
+    if first is not None:
+        return f"DIVERGED ({matched} of {recorded_calls} recorded calls matched{skipped})"
+    return (
+        f"MATCHED ({matched} of {recorded_calls} recorded calls matched{skipped}, none left over)"
+    )
+
+
+def _call_suffix(call: ReplayedCall) -> str:
+    error = _redacted(call.error)
+    if call.action == "substituted" and call.status == "error":
+        return f"  recorded failure replayed: {preview(error, limit=80)}"
+    if call.action == "executed":
+        return f"  ran live: {preview(error, limit=80)}" if call.status == "error" else "  ran live"
+    return ""
+
+
+def call_lines(result: ReplayResult, style: Style, indent: str = "   ") -> list[str]:
+    """One line per call the run made, then the recorded calls it never reached."""
+    lines: list[str] = []
+    labels = [call_label(c.kind, c.name, c.provider, c.model) for c in result.calls]
+    width = max((len(label) for label in labels), default=0)
+    for call, label in zip(result.calls, labels, strict=True):
+        action = style.status(f"{call.action:<11}")
+        rec = f"<- {call.recorded_id}" if call.recorded_id else "(matched no recorded call)"
+        lines.append(
+            f"{indent}{call.position:>3}. {action} {label:<{width}}  {rec}{_call_suffix(call)}"
+        )
+        lines.extend(f"{indent}       note: {note}" for note in call.notes)
+    if result.pending:
+        lines.append(
+            f"{indent}not reached: " + ", ".join(recorded_label(rc) for rc in result.pending)
+        )
+    if result.skipped:
+        lines.append(
+            f"{indent}skipped (inside substituted calls, their bodies did not run): "
+            + ", ".join(recorded_label(rc) for rc in result.skipped)
+        )
+    return lines
+
+
+def divergence_lines(error: ReplayError, verbose: bool, indent: str = "   ") -> list[str]:
+    """The first divergence in full: the error's own message (fingerprints abbreviated unless
+    verbose), indented under a line naming its type."""
+    text = abbreviate_in_text(str(error), verbose)
+    out = [f"{indent}first divergence ({type(error).__name__}):"]
+    out.extend(f"{indent}  {line}" for line in text.splitlines())
+    return out
+
+
+def matching_section(
+    result: ReplayResult, recorded_calls: int, style: Style, verbose: bool, indent: str = "   "
+) -> list[str]:
+    """Call lines plus, when there is one, the first divergence in full."""
+    lines = call_lines(result, style, indent)
+    if result.errors:
+        lines.extend(divergence_lines(result.errors[0], verbose, indent))
+    return lines
+
+
+def matching_data(result: ReplayResult, recorded_calls: int) -> dict[str, Any]:
+    """The same as JSON-ready data (fingerprints full; the caller abbreviates)."""
+    first = result.errors[0] if result.errors else None
+    divergence: dict[str, Any] | None = None
+    if first is not None:
+        divergence = {**first.to_dict(), "message": str(first)}
+    return {
+        "verdict": matching_verdict(result),
+        "recorded_calls": recorded_calls,
+        "matched": sum(1 for c in result.calls if c.action != "rejected"),
+        "calls": [
+            {
+                "position": c.position,
+                "kind": c.kind,
+                "name": c.name,
+                "provider": c.provider,
+                "model": c.model,
+                "action": c.action,
+                "recorded_id": c.recorded_id,
+                "status": c.status,
+                "error": _redacted(c.error),
+                "input_sha256": c.input_sha256,
+                "notes": list(c.notes),
+            }
+            for c in result.calls
+        ],
+        "not_reached": [rc.event.id for rc in result.pending],
+        "skipped": [rc.event.id for rc in result.skipped],
+        "first_divergence": divergence,
+    }

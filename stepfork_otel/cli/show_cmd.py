@@ -1,0 +1,163 @@
+"""``stepfork show TRACE``: a recorded run as a tree -- the run, then its LLM and tool calls nested
+as they were made, each with status, duration, replay policy, abbreviated fingerprints and
+previews of the (already redacted) payloads.
+
+Reading only: nothing is imported or executed, not even the recorded entrypoint (shown as a hint).
+Fingerprints are not verified here (``stepfork validate --verify-integrity`` does that), so a
+tampered bundle can still be looked at. Colour only on a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from stepfork_otel.cli._common import (
+    Style,
+    abbreviate,
+    add_common_arguments,
+    call_input_text,
+    format_duration,
+    load_bundle,
+    preview,
+)
+from stepfork_otel.trace.models import (
+    CallEvent,
+    ErrorEvent,
+    LlmRequest,
+    OutcomeEvent,
+    ToolCall,
+    Trace,
+)
+from stepfork_otel.trace.policy import ReplayPolicy
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "show",
+        help="print a recorded run as a tree of calls",
+        description="Print a bundle as a tree: the run, its LLM and tool calls (nested), "
+        "status, durations, replay policy, fingerprints and payload previews.",
+    )
+    parser.add_argument("trace", metavar="TRACE", help="the .sftrace bundle")
+    add_common_arguments(parser)
+
+
+def _payload(label: str, text: str | None, sha: str | None, missing: str | None, v: bool) -> str:
+    fp = f"  sha256 {abbreviate(sha, v)}" if sha else ""
+    if text is None:
+        return f"{label} <not in bundle: {missing or 'not recorded'}>{fp}"
+    return f"{label} {preview(text, v)}{fp}"
+
+
+def run_lines(trace: Trace, style: Style, verbose: bool) -> list[str]:
+    run = trace.run
+    status = style.status(run.status if run.status != "unset" else "did not finish")
+    error = f" {run.error_type}" if run.error_type else ""
+    duration = format_duration(run.end_time_unix_nano - run.start_time_unix_nano)
+    replay = f"  (a replay run, mode {run.replay_mode})" if run.replay_mode else ""
+    lines = [
+        style.bold(f"run {run.name or '(unnamed)'}") + f"  {status}{error}  {duration}{replay}"
+    ]
+    head = [
+        f"trace {abbreviate(trace.trace_id, verbose)}",
+        f"format {trace.format_version}",
+        "complete" if trace.complete else style.yellow(f"INCOMPLETE ({trace.incomplete_reason})"),
+    ]
+    if trace.created_by:
+        head.append(trace.created_by)
+    lines.append("  " + " · ".join(head))
+    if run.entrypoint:
+        lines.append(f"  entrypoint {run.entrypoint} (recorded hint; never executed)")
+    lines.append("  " + _payload("input ", run.input, run.input_sha256, run.input_missing, verbose))
+    if run.status == "error":
+        lines.append(
+            "  " + style.red(f"error  {run.error_type}: {preview(run.error_message, verbose)}")
+        )
+    lines.append(
+        "  " + _payload("output", run.output, run.output_sha256, run.output_missing, verbose)
+    )
+    calls = trace.calls
+    tools = sum(1 for c in calls if isinstance(c, ToolCall))
+    lines.append(f"  {len(calls)} calls ({len(calls) - tools} llm, {tools} tool)")
+    if trace.dropped_spans:
+        lines.append(style.yellow(f"  {trace.dropped_spans} spans were dropped while recording"))
+    if trace.context:
+        names = ", ".join(dict.fromkeys(s.name for s in trace.context))
+        lines.append(f"  your own spans around the calls: {preview(names, verbose, limit=80)}")
+    return lines
+
+
+def _call_head(call: CallEvent, outcome: OutcomeEvent | None, style: Style) -> str:
+    label = (
+        f"llm {call.provider}/{call.model}" if isinstance(call, LlmRequest) else f"tool {call.name}"
+    )
+    if outcome is None:
+        status = style.yellow("no recorded result")
+    elif isinstance(outcome, ErrorEvent):
+        status = style.red("error") + f" {outcome.error_type}"
+    else:
+        status = style.status(outcome.status)
+    duration = format_duration(outcome.duration_ns) if outcome is not None else "-"
+    policy = call.replay_policy.value
+    if call.replay_policy is not ReplayPolicy.REPLAYABLE:
+        policy = style.yellow(policy)
+    action = f"  replay: {call.replay_action}" if call.replay_action else ""
+    return f"{call.id}  {style.bold(label)}  {status}  {duration}  policy {policy}{action}"
+
+
+def call_tree(trace: Trace, style: Style, verbose: bool) -> list[str]:
+    calls = trace.calls
+    ids = {c.id for c in calls}
+    children: dict[str | None, list[CallEvent]] = {}
+    for call in calls:
+        parent = call.parent_id if call.parent_id in ids else None
+        children.setdefault(parent, []).append(call)
+    lines: list[str] = []
+
+    def walk(parent: str | None, prefix: str) -> None:
+        kids = children.get(parent, [])
+        for n, call in enumerate(kids):
+            last = n == len(kids) - 1
+            outcome = trace.outcome_of(call)
+            lines.append(prefix + ("└─ " if last else "├─ ") + _call_head(call, outcome, style))
+            body = prefix + ("   " if last else "│  ")
+            pipe = "│ " if children.get(call.id) else "  "
+            lines.append(
+                body
+                + pipe
+                + _payload(
+                    "in ", call_input_text(call), call.input_sha256, call.input_missing, verbose
+                )
+            )
+            if isinstance(outcome, ErrorEvent):
+                lines.append(
+                    body
+                    + pipe
+                    + style.red(f"err {outcome.error_type}: {preview(outcome.message, verbose)}")
+                )
+            elif outcome is not None:
+                lines.append(
+                    body
+                    + pipe
+                    + _payload(
+                        "out",
+                        outcome.output,
+                        outcome.output_sha256,
+                        outcome.output_missing,
+                        verbose,
+                    )
+                )
+            walk(call.id, body)
+
+    walk(None, "")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    trace = load_bundle(args.trace)
+    style = Style(sys.stdout)
+    print(
+        "\n".join([*run_lines(trace, style, args.verbose), *call_tree(trace, style, args.verbose)])
+    )
+    return 0

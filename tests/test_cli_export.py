@@ -1,0 +1,196 @@
+"""``stepfork export pytest``: the generated test passes on the code that produced the bundle and
+fails -- with the divergence report -- when the agent's behaviour changes. Both are checked by
+running pytest in a subprocess on the generated file, against a copy of the agent in tmp_path."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from cli_support import ENTRYPOINT, Bundles, agent_copy, bundles, stepfork
+
+__all__ = ["bundles"]
+
+PYTEST_INI = """[pytest]
+filterwarnings = error
+asyncio_default_fixture_loop_scope = function
+"""
+
+
+def _pytest(project: Path, test_file: Path) -> subprocess.CompletedProcess[str]:
+    (project / "pytest.ini").write_text(PYTEST_INI)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", str(test_file), "-q", "-p", "no:cacheprovider"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _project(tmp_path: Path, bundle: Path, old: str = "", new: str = "") -> Path:
+    """A copy of the example agent (changed if asked) with the bundle beside the tests."""
+    project = agent_copy(tmp_path, old or "max_results: int = 5", new or "max_results: int = 5")
+    (project / "tests").mkdir()
+    shutil.copyfile(bundle, project / "tests" / bundle.name)
+    return project
+
+
+def test_exported_failure_passes_then_fails_when_the_agent_changes(
+    bundles: Bundles, tmp_path: Path
+) -> None:
+    project = _project(tmp_path, bundles.failure)
+    out = project / "tests" / "test_failure_replay.py"
+    exported = stepfork(
+        "export", "pytest", "tests/failure.sftrace", "--entrypoint", ENTRYPOINT, "-o", out,
+        cwd=project,
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    assert exported.stdout.splitlines()[0] == (
+        f"wrote {out} (frozen replay of tests/failure.sftrace; expects SeatUnavailableError)"
+    )
+    text = out.read_text()
+    assert 'BUNDLE = Path(__file__).parent / "failure.sftrace"' in text
+    assert 'RECORDED_INPUT = {"question": "Book me the cheapest flight to Paris."}' in text
+    assert 'RECORDED_FAILURE = "SeatUnavailableError"' in text
+    assert '@pytest.mark.stepfork_replay(BUNDLE, mode="frozen")' in text
+    assert "        run_agent(**RECORDED_INPUT)\n    stepfork_replay.verify_complete()" in text
+    formatted = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "--isolated", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert formatted.returncode == 0, formatted.stdout + formatted.stderr  # readable as written
+
+    passing = _pytest(project, out)
+    assert passing.returncode == 0, passing.stdout + passing.stderr
+    assert "1 passed" in passing.stdout
+
+    # the agent changes: a tool default now differs from the recording
+    agent = project / "examples" / "booking_agent.py"
+    agent.write_text(agent.read_text().replace("max_results: int = 5", "max_results: int = 3"))
+    failing = _pytest(project, out)
+    assert failing.returncode == 1, failing.stdout
+    assert "1 failed" in failing.stdout
+    report = failing.stdout
+    assert "diverged from the recording" in report
+    assert "Dependency-call matching: DIVERGED at call 2 (1 of 4 recorded calls matched)" in report
+    assert "first divergence (ReplayMismatchError):" in report
+    assert '"max_results":3' in report
+
+
+def test_exported_failure_fails_when_the_agent_no_longer_fails(
+    bundles: Bundles, tmp_path: Path
+) -> None:
+    project = _project(
+        tmp_path,
+        bundles.failure,
+        "            result = book_flight(**args)",
+        "            try:\n                result = book_flight(**args)\n"
+        "            except Exception:\n                return 'sorry'",
+    )
+    out = project / "tests" / "test_failure_replay.py"
+    assert stepfork(
+        "export", "pytest", "tests/failure.sftrace", "--entrypoint", ENTRYPOINT, "-o", out,
+        cwd=project,
+    ).returncode == 0  # fmt: skip
+    failing = _pytest(project, out)
+    assert failing.returncode == 1
+    assert (
+        "the recorded run failed with SeatUnavailableError; this run returned without raising"
+        in failing.stdout
+    )
+
+
+def test_exported_success_needs_the_forbidden_charge_approved(
+    bundles: Bundles, tmp_path: Path
+) -> None:
+    project = _project(tmp_path, bundles.success)
+    unapproved = project / "tests" / "test_unapproved.py"
+    exported = stepfork(
+        "export", "pytest", "tests/success.sftrace", "--entrypoint", ENTRYPOINT, "-o", unapproved,
+        cwd=project,
+    )  # fmt: skip
+    assert exported.returncode == 0
+    assert exported.stderr == (
+        "stepfork: note: call-6 (charge_card) has replay policy 'forbidden': the exported test "
+        "fails at it unless approved with --approve call-6\n"
+    )
+    approved = project / "tests" / "test_approved.py"
+    assert stepfork(
+        "export", "pytest", "tests/success.sftrace", "--entrypoint", ENTRYPOINT, "-o", approved,
+        "--approve", "call-6", cwd=project,
+    ).returncode == 0  # fmt: skip
+    text = approved.read_text()
+    assert 'APPROVED_CALLS = {"call-6"}' in text
+    assert '@pytest.mark.stepfork_replay(BUNDLE, mode="manual", approve=approve)' in text
+    assert """RECORDED_OUTPUT = '"Booked and paid: captured."'""" in text
+    assert "assert_recorded_output(output, RECORDED_OUTPUT_SHA256, RECORDED_OUTPUT)" in text
+
+    both = _pytest(project, project / "tests")
+    assert both.returncode == 1, both.stdout
+    assert "1 failed, 1 passed" in both.stdout
+    assert "FAILED tests/test_unapproved.py::test_success_replays" in both.stdout
+    assert "replay policy 'forbidden'" in both.stdout
+
+    # the agent's final output changes while every call still matches
+    agent = project / "examples" / "booking_agent.py"
+    agent.write_text(
+        agent.read_text().replace(
+            'return str(message["content"])', 'return str(message["content"]).upper()'
+        )
+    )
+    changed = _pytest(project, approved)
+    assert changed.returncode == 1
+    assert "the output differs from the recorded run output" in changed.stdout
+    assert 'recorded: "Booked and paid: captured."' in changed.stdout
+    assert 'this run: "BOOKED AND PAID: CAPTURED."' in changed.stdout
+
+
+def test_exported_live_tools_and_async_entrypoint(bundles: Bundles, tmp_path: Path) -> None:
+    project = _project(tmp_path, bundles.failure)
+    live = project / "tests" / "test_live.py"
+    exported = stepfork(
+        "export", "pytest", "tests/failure.sftrace", "--entrypoint", ENTRYPOINT, "-o", live,
+        "--allow-live-tool", "search_flights", "--allow-live-tool", "book_flight", cwd=project,
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    text = live.read_text()
+    assert 'ALLOW_LIVE_TOOLS = ["book_flight", "search_flights"]' in text
+    assert 'mode="live", allow_live_tools=ALLOW_LIVE_TOOLS' in text
+    shutil.copyfile(bundles.tiny_dir / "tiny_agent.py", project / "tiny_agent.py")
+    shutil.copyfile(bundles.tiny("async"), project / "tests" / "async.sftrace")
+    async_test = project / "tests" / "test_async.py"
+    assert stepfork(
+        "export", "pytest", "tests/async.sftrace", "--entrypoint", "tiny_agent:aforecast",
+        "-o", async_test, cwd=project,
+    ).returncode == 0  # fmt: skip
+    assert "    output = asyncio.run(aforecast(**RECORDED_INPUT))" in async_test.read_text()
+    result = _pytest(project, project / "tests")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout
+
+
+def test_export_to_stdout_and_no_overwrite(bundles: Bundles, tmp_path: Path) -> None:
+    result = stepfork(
+        "export", "pytest", bundles.tiny("no_output"), "--entrypoint", "tiny_agent:forecast",
+        "-o", "-", cwd=bundles.tiny_dir,
+    )  # fmt: skip
+    assert result.returncode == 0
+    assert f'BUNDLE = Path("{bundles.tiny("no_output")}")' in result.stdout
+    assert "    # only the dependency calls are checked\n    forecast(**RECORDED_INPUT)\n" in (
+        result.stdout
+    )
+    existing = tmp_path / "test_existing.py"
+    existing.write_text("# mine\n")
+    refused = stepfork(
+        "export", "pytest", bundles.failure, "--entrypoint", ENTRYPOINT, "-o", existing
+    )
+    assert refused.returncode == 2
+    assert (
+        refused.stderr == f"stepfork: error: {existing} already exists (use --force to overwrite)\n"
+    )
+    assert existing.read_text() == "# mine\n"

@@ -1,0 +1,168 @@
+"""``stepfork show`` and ``stepfork diff``, run as subprocesses against recorded bundles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cli_support import Bundles, bundles, record_tiny, stepfork, stepfork_on_terminal, tiny_copy
+
+from stepfork_otel import Trace
+
+__all__ = ["bundles"]
+
+
+def test_show_failure_tree(bundles: Bundles) -> None:
+    result = stepfork("show", bundles.failure)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("run booking_agent  error SeatUnavailableError  ")
+    assert "  entrypoint examples.booking_agent:run_agent (recorded hint; never executed)" in lines
+    assert any(
+        line.startswith('  input  {"question":"Book me the cheapest flight to Paris."}  sha256 ')
+        for line in lines
+    )
+    assert "  output <not in bundle: not recorded>" in lines
+    assert "  4 calls (2 llm, 2 tool)" in lines
+    heads = [line for line in lines if line.startswith(("├─ ", "└─ "))]
+    assert [h.split("  ")[0:2] for h in heads] == [
+        ["├─ call-1", "llm openai/gpt-4.1-mini"],
+        ["├─ call-2", "tool search_flights"],
+        ["├─ call-3", "llm openai/gpt-4.1-mini"],
+        ["└─ call-4", "tool book_flight"],
+    ]
+    assert "policy replayable" in heads[0]
+    # a chat request repeats the conversation: the preview shows its last message
+    assert (
+        '│    in  2 messages, last: {"content":"Book me the cheapest flight to Paris.",'
+        '"role":"user"}  sha256 ecae5efbe56d…' in lines
+    )
+    assert "error SeatUnavailableError" in heads[3]
+    assert '│    in  {"city":"Paris","max_results":5}  sha256 3a95c0f3af5f…' in lines
+    assert any(
+        line.startswith('│    out [{"airline":"Air France","flight_id":"AF1381"') for line in lines
+    )
+    assert (
+        "     err SeatUnavailableError: booking API (key [REDACTED:openai_api_key]) refused "
+        "AF1381: no seats left" in lines
+    )
+    assert "\x1b[" not in result.stdout
+
+
+def test_show_success_marks_the_forbidden_policy_and_output(bundles: Bundles) -> None:
+    result = stepfork("show", bundles.success)
+    assert result.returncode == 0
+    assert result.stdout.splitlines()[0].startswith("run booking_agent  ok  ")
+    assert '  output "Booked and paid: captured."  sha256 ' in result.stdout
+    charge = next(line for line in result.stdout.splitlines() if "call-6" in line)
+    assert "tool charge_card  ok" in charge
+    assert "policy forbidden" in charge
+
+
+def test_show_nesting(bundles: Bundles) -> None:
+    result = stepfork("show", bundles.tiny("nested"))
+    assert result.returncode == 0
+    tree = [line for line in result.stdout.splitlines() if "call-" in line]
+    assert tree[0].startswith("└─ call-1  tool summarise  ok")
+    assert tree[1].startswith("   ├─ call-2  tool lookup  ok")
+    assert tree[2].startswith("   └─ call-3  llm acme/m2  ok")
+
+
+def test_show_verbose_has_full_fingerprints(bundles: Bundles) -> None:
+    short = stepfork("show", bundles.failure)
+    full = stepfork("show", bundles.failure, "--verbose")
+    assert "sha256 3a95c0f3af5f…" in short.stdout
+    assert "sha256 3a95c0f3af5f…" not in full.stdout
+    assert "sha256 3a95c0f3af5f" in full.stdout
+
+
+def test_show_colour_only_on_a_terminal(bundles: Bundles) -> None:
+    run = stepfork_on_terminal("show", bundles.failure, stdout_on_terminal=True)
+    assert run.returncode == 0
+    assert "\x1b[31merror\x1b[0m SeatUnavailableError" in run.terminal
+    no_colour = stepfork("show", bundles.failure, env={"NO_COLOR": "1"})
+    assert "\x1b[" not in no_colour.stdout
+
+
+def test_diff_failure_and_success_differ_at_the_run_input(bundles: Bundles) -> None:
+    result = stepfork("diff", bundles.failure, bundles.success)
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines[0].endswith("(booking_agent, error SeatUnavailableError, 4 calls)")
+    assert lines[1].endswith("(booking_agent, ok, 7 calls)")
+    assert lines[2] == "different — first difference at run: run input differs"
+    assert '     {"question":"Book me the cheapest flight to Paris."}' in lines
+    assert '     {"question":"Book me the cheapest flight to London."}' in lines
+    assert "  first difference at character 44:" in lines
+
+
+def test_diff_same_run_recorded_twice_is_the_same(bundles: Bundles) -> None:
+    # recorded once from `python examples/booking_agent.py` (__main__) and once via the module:
+    # different trace ids, timings and error-type spelling, same run
+    result = stepfork("diff", bundles.failure, bundles.module_failure)
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.splitlines()[2].startswith(
+        "same: 4 calls with the same inputs and results, the same outcome and final output"
+    )
+
+
+def _changed_run(bundles: Bundles, tmp_path: Path, old: str, new: str, name: str) -> Path:
+    directory = tiny_copy(bundles, tmp_path, old, new, name=name)
+    record_tiny(directory)
+    return directory / "ok.sftrace"
+
+
+def test_diff_finds_a_changed_tool_result(bundles: Bundles, tmp_path: Path) -> None:
+    changed = _changed_run(bundles, tmp_path, '"temp": 21', '"temp": 22', "tool_result")
+    result = stepfork("diff", bundles.tiny("ok"), changed)
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines[2] == (
+        "different — first difference at call 1 (A call-1, B call-1): tool lookup: "
+        "result differs (same request)"
+    )
+    assert '     {"city":"Oslo","temp":21,"units":"metric"}' in lines
+    assert '     {"city":"Oslo","temp":22,"units":"metric"}' in lines
+
+
+def test_diff_finds_a_changed_llm_output(bundles: Bundles, tmp_path: Path) -> None:
+    changed = _changed_run(bundles, tmp_path, '{"text": "sunny"', '{"text": "rainy"', "llm_output")
+    result = stepfork("diff", bundles.tiny("ok"), changed)
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[2] == (
+        "different — first difference at call 2 (A call-2, B call-2): llm acme/m1: "
+        "output differs (same request)"
+    )
+    assert '"text":"sunny"' in result.stdout
+    assert '"text":"rainy"' in result.stdout
+
+
+def test_diff_finds_a_changed_final_output(bundles: Bundles, tmp_path: Path) -> None:
+    changed = _changed_run(
+        bundles, tmp_path, 'FORMAT = "{city}: {text}"', 'FORMAT = "{city} - {text}"', "final"
+    )
+    result = stepfork("diff", bundles.tiny("ok"), changed)
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[2] == (
+        "different — first difference at run output: final output differs"
+    )
+
+
+def test_diff_finds_a_different_call(bundles: Bundles) -> None:
+    result = stepfork("diff", bundles.tiny("ok"), bundles.tiny("nested"))
+    assert result.returncode == 1
+    assert "first difference at call 1 (A call-1, B call-1): a different call was made" in (
+        result.stdout
+    )
+    assert "  A: call-1 tool lookup" in result.stdout
+    assert "  B: call-1 tool summarise" in result.stdout
+
+
+def test_diff_finds_a_left_out_call(bundles: Bundles, tmp_path: Path) -> None:
+    trace = Trace.load(bundles.tiny("ok"))
+    shorter = tmp_path / "shorter.sftrace"
+    trace.model_copy(update={"events": trace.events[:2]}).save(shorter)
+    result = stepfork("diff", bundles.tiny("ok"), shorter)
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines[2] == "different — first difference at call 2: A made 1 more call(s) than B"
+    assert "  A only: call-2 llm acme/m1" in lines
