@@ -513,8 +513,9 @@ class ReplaySession:
             if token is not None:
                 self._executing.reset(token)
             replayed.status = "error" if error is not None else "ok"
-            if error is not None:
-                replayed.error = f"{type(error).__name__}: {error}"
+            if error is not None:  # a live body's own exception: redacted like any recorded message
+                message = _settings.settings().redactor.redact_message(str(error))
+                replayed.error = f"{type(error).__name__}: {message}"
             if output is not None:
                 replayed.output_sha256 = output.sha256
             if rc is None:
