@@ -1,0 +1,1 @@
+"""Repeatable measurements of stepfork_otel; run them all with ``python benchmarks/run.py``."""
