@@ -16,6 +16,10 @@ a bundle reads well in a terminal and diffs well in git::
 
 Compression is an explicit separate variant: a file whose name ends in ``.gz`` is written gzipped,
 and a gzipped file is recognised on load by its magic bytes.
+
+Hostile input: a bundle is parsed in pydantic's strict mode (``"seq": "1"`` is an error, not a
+number), a gzipped one may not expand beyond :data:`MAX_DECOMPRESSED_BYTES`, nesting is bounded by
+the JSON parser, and an error message quotes at most a short, one-line excerpt of the data.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import re
 import tempfile
 import zlib
 from dataclasses import dataclass
@@ -35,17 +40,32 @@ from pydantic import ValidationError
 from stepfork_otel.constants import FORMAT_NAME, FORMAT_VERSION
 from stepfork_otel.trace.models import (
     TRACE_ADAPTER,
-    ErrorEvent,
     LlmRequest,
     LlmResponse,
     ToolCall,
     ToolResult,
     Trace,
+    pair_outcomes,
 )
 
 _GZIP_MAGIC = b"\x1f\x8b"
 #: A gzipped bundle may not expand beyond this many bytes (a hostile "zip bomb" stops here).
-MAX_DECOMPRESSED_BYTES = 8 * 1024**3
+MAX_DECOMPRESSED_BYTES = 2 * 1024**3
+#: Longest excerpt of a bundle's own data (a key, a tag, an id) quoted in an error message.
+MAX_QUOTED_CHARS = 80
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+
+
+def _one_line(text: str) -> str:
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def _quote(value: object) -> str:
+    """A short one-line excerpt of a value taken from the bundle, for an error message."""
+    text = str(value)
+    if len(text) > MAX_QUOTED_CHARS:
+        text = text[: MAX_QUOTED_CHARS - 1] + "…"
+    return _one_line(text)
 
 
 class BundleError(ValueError):
@@ -53,9 +73,9 @@ class BundleError(ValueError):
 
     def __init__(self, path: str | os.PathLike[str] | None, reason: str) -> None:
         self.path = None if path is None else str(path)
-        self.reason = reason
-        where = self.path or "<trace>"
-        super().__init__(f"{where}: {reason}")
+        self.reason = _one_line(reason)
+        where = "<trace>" if self.path is None else _one_line(self.path)
+        super().__init__(f"{where}: {self.reason}")
 
 
 class BundleVersionError(BundleError):
@@ -70,7 +90,7 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.event_id}: {self.message}" if self.event_id else self.message
+        return f"{_quote(self.event_id)}: {self.message}" if self.event_id else self.message
 
 
 def _read(path: Path) -> bytes:
@@ -83,27 +103,50 @@ def _read(path: Path) -> bytes:
     except OSError as exc:
         raise BundleError(path, f"cannot read: {exc.strerror or exc}") from None
     if data[:2] == _GZIP_MAGIC:
-        try:
-            decompressor = zlib.decompressobj(wbits=31)
-            data = decompressor.decompress(data, MAX_DECOMPRESSED_BYTES)
-            if decompressor.unconsumed_tail:
-                raise BundleError(path, f"expands beyond {MAX_DECOMPRESSED_BYTES} bytes")
-        except zlib.error as exc:
-            raise BundleError(path, f"corrupt gzip data ({exc})") from None
+        return _gunzip(data, path)
     return data
 
 
+def _gunzip(data: bytes, path: Path) -> bytes:
+    """Every gzip member of ``data``, expanded at most to :data:`MAX_DECOMPRESSED_BYTES`."""
+    out: list[bytes] = []
+    room = MAX_DECOMPRESSED_BYTES
+    rest = data
+    try:
+        while rest:
+            decompressor = zlib.decompressobj(wbits=31)
+            chunk = decompressor.decompress(rest, room + 1)  # one byte more tells it is too big
+            if len(chunk) > room or decompressor.unconsumed_tail:
+                raise BundleError(path, f"expands beyond {MAX_DECOMPRESSED_BYTES} bytes")
+            if not decompressor.eof:
+                raise BundleError(path, "truncated gzip data")
+            out.append(chunk)
+            room -= len(chunk)
+            rest = decompressor.unused_data  # a following gzip member, if any
+    except zlib.error as exc:
+        raise BundleError(path, f"corrupt gzip data ({exc})") from None
+    return b"".join(out)
+
+
 def _describe_validation_error(exc: ValidationError) -> str:
-    first = exc.errors(include_url=False)[0]
-    loc = ".".join(str(p) for p in first["loc"])
+    first = exc.errors(include_url=False, include_input=False)[0]
+    loc = ".".join(_quote(p) for p in first["loc"])
+    ctx = first.get("ctx") or {}
+    if first["type"] == "union_tag_invalid":  # pydantic's message quotes the tag whole
+        msg = (
+            f"unknown event type '{_quote(ctx.get('tag'))}' (expected one of "
+            f"{ctx.get('expected_tags')})"
+        )
+    else:
+        msg = first["msg"]
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"invalid bundle at {loc or 'top level'}: {first['msg']}{more}"
+    return f"invalid bundle at {loc or 'top level'}: {msg[:300]}{more}"
 
 
 def parse_trace(data: bytes | str, path: str | os.PathLike[str] | None = None) -> Trace:
     """Validate bundle bytes into a :class:`Trace` (schema only; see :func:`validate_structure`)."""
     try:
-        trace = TRACE_ADAPTER.validate_json(data)
+        trace = TRACE_ADAPTER.validate_json(data, strict=True)
     except ValidationError as exc:
         raise _explain(data, path, exc) from None
     if trace.format_version > FORMAT_VERSION:
@@ -173,7 +216,7 @@ def save_trace(trace: Trace, destination: str | os.PathLike[str]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     data = dump_trace(trace)
     if path.name.endswith(".gz"):
-        data = gzip.compress(data, mtime=0)
+        data = gzip.compress(data, compresslevel=6, mtime=0)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -188,11 +231,13 @@ def save_trace(trace: Trace, destination: str | os.PathLike[str]) -> Path:
 
 
 def validate_structure(trace: Trace) -> list[Problem]:
-    """Structural problems: duplicate ids, dangling parents, outcomes without calls, order."""
+    """Structural problems: duplicate ids, calls out of order, parents that are not earlier calls,
+    outcomes without a call (or a second outcome for one), outcomes of the wrong kind.
+
+    Outcomes without ``parent_id`` (legacy bundles) are paired as :func:`pair_outcomes` says."""
     problems: list[Problem] = []
     ids: set[str] = set()
-    calls: dict[str, ToolCall | LlmRequest] = {}
-    outcomes: set[str] = set()
+    calls: set[str] = set()
     last_seq = 0
     for event in trace.events:
         if event.id in ids:
@@ -204,30 +249,36 @@ def validate_structure(trace: Trace) -> list[Problem]:
             last_seq = event.seq
             if event.parent_id is not None and event.parent_id not in calls:
                 problems.append(
-                    Problem(event.id, f"parent {event.parent_id!r} is not an earlier call")
+                    Problem(event.id, f"parent '{_quote(event.parent_id)}' is not an earlier call")
                 )
-            calls[event.id] = event
-        else:
-            parent = calls.get(event.parent_id or "")
-            if parent is None:
-                problems.append(Problem(event.id, f"outcome of unknown call {event.parent_id!r}"))
-                continue
-            if event.parent_id in outcomes:
-                problems.append(Problem(event.id, f"second outcome for {event.parent_id}"))
-            outcomes.add(event.parent_id or "")
-            if isinstance(event, ToolResult) and not isinstance(parent, ToolCall):
-                problems.append(Problem(event.id, "tool_result paired with a non-tool call"))
-            if isinstance(event, LlmResponse) and not isinstance(parent, LlmRequest):
-                problems.append(Problem(event.id, "llm_response paired with a non-LLM call"))
+            calls.add(event.id)
+    with_outcome: set[str] = set()
+    for outcome, call in pair_outcomes(trace.events):
+        if call is None:
+            if outcome.parent_id is None:
+                what = "tool" if isinstance(outcome, ToolResult) else "call"
+                problems.append(
+                    Problem(outcome.id, f"outcome without parent_id matches no earlier {what}")
+                )
+            else:
+                problems.append(
+                    Problem(outcome.id, f"outcome of unknown call '{_quote(outcome.parent_id)}'")
+                )
+            continue
+        if call.id in with_outcome:
+            problems.append(Problem(outcome.id, f"second outcome for {_quote(call.id)}"))
+        with_outcome.add(call.id)
+        if isinstance(outcome, ToolResult) and not isinstance(call, ToolCall):
+            problems.append(Problem(outcome.id, "tool_result paired with a non-tool call"))
+        if isinstance(outcome, LlmResponse) and not isinstance(call, LlmRequest):
+            problems.append(Problem(outcome.id, "llm_response paired with a non-LLM call"))
     return problems
 
 
 def missing_payloads(trace: Trace) -> list[Problem]:
     """Calls that replay cannot serve: no outcome recorded, or a payload left off the span."""
     problems: list[Problem] = []
-    paired = {
-        e.parent_id for e in trace.events if isinstance(e, (ToolResult, LlmResponse, ErrorEvent))
-    }
+    paired = {call.id for _, call in pair_outcomes(trace.events) if call is not None}
     for event in trace.events:
         if isinstance(event, (ToolCall, LlmRequest)):
             if event.input is None:

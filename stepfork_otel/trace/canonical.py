@@ -10,18 +10,32 @@ The rules (documented for users in ``docs/bundle-format.md``):
 
 * objects: keys sorted by code point, no insignificant whitespace, UTF-8, non-ASCII unescaped;
 * integers: exact decimal, any size (RFC 8785 would round beyond 2**53; we keep them exact);
-* floats: shortest round-trip form (``1.0``, ``1e-7``, ``1e+16``); an int and a float are
-  different values (``1`` vs ``1.0``); NaN and +/-Infinity become ``null`` (as JSON.stringify does);
-* tuples and lists: arrays; sets and frozensets: arrays sorted by their elements' canonical JSON;
-* ``bytes``/``bytearray``: standard base64 strings; ``datetime``/``date``/``time``: RFC 3339 strings;
-  ``UUID``: string; ``Enum``: its value; ``Decimal`` and ``pathlib`` paths: ``str()``;
-* pydantic models: ``model_dump(mode="json")``; dataclasses: an object of their fields;
+* floats: shortest round-trip form (``1.0``, ``1e-7``, ``1e+16``, ``-0.0``); an int and a float are
+  different values (``1`` vs ``1.0``; RFC 8785 would write ``1``, ``1e-7``, ``10000000000000000``
+  and ``0``); NaN and +/-Infinity become ``null`` (as JSON.stringify does); subclasses of ``float``
+  (``numpy.float64``) are floats;
+* tuples (named tuples too) and lists: arrays; sets and frozensets: arrays sorted by their
+  elements' canonical JSON (so ``{1, "a"}`` is ``["a",1]``: ``"`` sorts before digits);
+* ``bytes``/``bytearray``/``memoryview``: standard base64 strings;
+* ``datetime``/``date``/``time``: ISO 8601 / RFC 3339 strings, with the UTC offset when the value
+  has one (``2024-01-02T03:04:05+00:00``, ``01:02:03+05:30``) and without when it is naive;
+* ``UUID``: string; ``Enum``: its value; ``Decimal`` and ``pathlib`` paths: ``str()``;
+* pydantic models: ``model_dump(mode="json")``, i.e. pydantic's own JSON rules (a UTC datetime
+  ends in ``Z``, ``bytes`` are UTF-8 text), except that arrays pydantic made from sets are sorted
+  as above (pydantic writes them in iteration order, which changes between processes); a model
+  that pydantic cannot dump is unserialisable; dataclasses: an object of their fields;
 * dict keys that are not strings: ``int``/``float``/``bool``/``None``/``Enum`` keys become the
-  JSON text of the key (``1`` -> ``"1"``, ``True`` -> ``"true"``); if two keys then collide, or a
-  key has another type, the value is unserialisable;
-* lone surrogates in strings are replaced by U+FFFD;
+  JSON text of the key (``1`` -> ``"1"``, ``True`` -> ``"true"``, ``2**70`` -> its exact decimal);
+  if two keys then collide, or a key has another type (a tuple, bytes, ...), the value is
+  unserialisable;
+* lone surrogates in strings and keys are replaced by U+FFFD;
+* at most 254 levels of nested arrays and objects (orjson's limit, applied on both paths);
 * anything else is unserialisable: :class:`UnserialisableError`. The boundaries record such a
   value as ``{"$unserialisable": "<type>"}`` and replay reports it instead of inventing a value.
+
+Most values are encoded by one orjson call. Only when orjson refuses a value (a non-string key, an
+integer beyond 64 bits, a lone surrogate) is it rewritten by :func:`_normalise` and encoded again;
+both paths give the same bytes for everything the fast path accepts.
 """
 
 from __future__ import annotations
@@ -31,6 +45,7 @@ import dataclasses
 import datetime
 import decimal
 import enum
+import functools
 import hashlib
 import pathlib
 import re
@@ -38,10 +53,12 @@ import uuid
 from typing import Any
 
 import orjson
+import pydantic
 
 _OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_MAX_DEPTH = 200
+#: Deepest nesting of arrays/objects accepted (orjson refuses the 255th level).
+MAX_DEPTH = 254
 
 #: Key of the marker object that stands for a value that could not be encoded.
 UNSERIALISABLE_MARKER = "$unserialisable"
@@ -51,22 +68,80 @@ class UnserialisableError(TypeError):
     """A value has no canonical JSON form (see the module docstring for what has one)."""
 
 
+class _SetFound(TypeError):
+    """Raised inside orjson's ``default`` to send a value holding a set down the slow path."""
+
+
 def _default(value: Any) -> Any:
     # Called by orjson for types it does not encode itself; whatever it returns is encoded again.
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     if isinstance(value, (set, frozenset)):
-        return [orjson.Fragment(b) for b in sorted(canonical_bytes(v) for v in value)]
+        # sorted by canonical element: done by _normalise, which also counts nesting exactly
+        raise _SetFound
     if isinstance(value, (bytes, bytearray, memoryview)):
         return base64.b64encode(bytes(value)).decode("ascii")
-    model_dump = getattr(value, "model_dump", None)
-    if model_dump is not None and hasattr(type(value), "model_fields"):
-        return model_dump(mode="json")
+    if isinstance(value, pydantic.BaseModel):
+        try:
+            return _pydantic_json(value)
+        except Exception as exc:  # e.g. bytes that are not UTF-8, a field that cannot serialise
+            raise UnserialisableError(f"{_type_name(value)}: {exc}") from None
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, (decimal.Decimal, pathlib.PurePath)):
         return str(value)
-    raise UnserialisableError(f"{type(value).__module__}.{type(value).__qualname__}")
+    if isinstance(value, float):  # a subclass (numpy.float64); NaN and infinities stay null
+        return float(value)
+    if isinstance(value, tuple):  # a named tuple
+        return list(value)
+    raise UnserialisableError(_type_name(value))
+
+
+def _pydantic_json(model: pydantic.BaseModel) -> Any:
+    """``model_dump(mode="json")``, with the arrays that pydantic made from sets sorted: pydantic
+    writes a set in iteration order, which for strings changes from one process to the next."""
+    data = model.model_dump(mode="json")
+    if _may_hold_sets(type(model)):
+        data = _sort_sets(model.model_dump(mode="python"), data)
+    return data
+
+
+@functools.lru_cache(maxsize=1024)
+def _may_hold_sets(cls: type[pydantic.BaseModel]) -> bool:
+    """Whether a model's core schema has a set, an ``Any`` or custom code that could return one."""
+    stack: list[Any] = [getattr(cls, "__pydantic_core_schema__", None)]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, dict):
+            kind = node.get("type")
+            if isinstance(kind, str) and (
+                kind in ("set", "frozenset", "any", "is-instance") or kind.startswith("function")
+            ):
+                return True
+            stack.extend(node.values())
+        elif isinstance(node, (list, tuple)):
+            stack.extend(node)
+    return False
+
+
+def _sort_sets(python: Any, data: Any) -> Any:
+    """Sort the arrays of ``data`` (JSON form) whose counterpart in ``python`` is a set."""
+    if isinstance(python, (set, frozenset)) and isinstance(data, list):
+        return sorted(data, key=canonical_bytes)
+    if isinstance(python, dict) and isinstance(data, dict) and len(python) == len(data):
+        for (_, p), k in zip(python.items(), list(data), strict=True):
+            data[k] = _sort_sets(p, data[k])
+    elif isinstance(python, (list, tuple)) and isinstance(data, list) and len(python) == len(data):
+        data[:] = [_sort_sets(p, d) for p, d in zip(python, data, strict=True)]
+    return data
+
+
+def _type_name(value: Any) -> str:
+    return f"{type(value).__module__}.{type(value).__qualname__}"
 
 
 def _key(key: Any) -> str:
@@ -74,8 +149,12 @@ def _key(key: Any) -> str:
         return _SURROGATE.sub("\ufffd", key)
     if isinstance(key, enum.Enum):
         return _key(key.value)
-    if key is None or isinstance(key, (bool, int, float)):
-        return orjson.dumps(key).decode()
+    if key is None or isinstance(key, bool):
+        return "null" if key is None else "true" if key else "false"
+    if isinstance(key, int):
+        return str(int(key))
+    if isinstance(key, float):
+        return orjson.dumps(float(key)).decode()
     raise UnserialisableError(f"dict key of type {type(key).__qualname__}")
 
 
@@ -84,17 +163,20 @@ def _normalise(value: Any, depth: int = 0) -> Any:
 
     Only reached when the fast path failed, so its cost does not matter for ordinary payloads.
     Everything orjson accepts is passed through untouched, so both paths give the same bytes.
+    ``depth`` counts the arrays/objects around ``value``.
     """
-    if depth > _MAX_DEPTH:
-        raise UnserialisableError(f"nesting deeper than {_MAX_DEPTH}")
     if isinstance(value, str):
         return _SURROGATE.sub("\ufffd", value)
-    if isinstance(value, bool) or value is None or isinstance(value, float):
+    if isinstance(value, bool) or value is None:
         return value
-    if isinstance(value, int):
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, int) and not isinstance(value, enum.Enum):
         if -(2**63) <= value < 2**64:
-            return value
+            return int(value)
         return orjson.Fragment(str(int(value)).encode("ascii"))
+    if isinstance(value, (dict, list, tuple, set, frozenset)) and depth >= MAX_DEPTH:
+        raise UnserialisableError(f"nesting deeper than {MAX_DEPTH} levels")
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for k, v in value.items():
@@ -110,10 +192,12 @@ def _normalise(value: Any, depth: int = 0) -> Any:
             orjson.dumps(_normalise(v, depth + 1), default=_default, option=_OPTIONS) for v in value
         )
         return [orjson.Fragment(b) for b in items]
-    converted = _default(value) if not _is_native(value) else value
-    if converted is value:
+    if isinstance(value, datetime.time) and value.tzinfo is not None:
+        return value.isoformat()  # orjson refuses aware times
+    if _is_native(value):
         return value
-    return _normalise(converted, depth + 1)
+    # a converted value (dataclass -> object, enum -> value, ...) is not a level of its own
+    return _normalise(_default(value), depth)
 
 
 def _is_native(value: Any) -> bool:
@@ -135,7 +219,9 @@ def canonical_bytes(value: Any) -> bytes:
             return orjson.dumps(normalised, default=_default, option=_OPTIONS)
         except UnserialisableError:
             raise
-        except (TypeError, orjson.JSONEncodeError, RecursionError) as inner:
+        except RecursionError:
+            raise UnserialisableError(f"nesting deeper than {MAX_DEPTH} levels") from None
+        except (TypeError, orjson.JSONEncodeError) as inner:
             raise UnserialisableError(str(inner)) from None
 
 
@@ -156,4 +242,4 @@ def fingerprint(value: Any) -> str:
 
 def unserialisable_marker(value: Any, reason: str) -> dict[str, str]:
     """The value recorded in place of one that has no canonical JSON form."""
-    return {UNSERIALISABLE_MARKER: f"{type(value).__module__}.{type(value).__qualname__}: {reason}"}
+    return {UNSERIALISABLE_MARKER: f"{_type_name(value)}: {reason}"}

@@ -12,6 +12,9 @@ re-serialises or even parses the payloads. Use :func:`payload_value` to get the 
 
 from __future__ import annotations
 
+import weakref
+from collections import deque
+from collections.abc import Iterable, Iterator
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -200,15 +203,97 @@ class Trace(_Model):
         return [e for e in self.events if isinstance(e, (ToolCall, LlmRequest))]
 
     def outcome_of(self, call: CallEvent) -> OutcomeEvent | None:
-        """The outcome event paired with ``call`` (None: a missing result)."""
+        """The outcome event paired with ``call`` (None: a missing result). Pairing follows
+        ``parent_id``, or the legacy rule for outcomes without one (see :func:`pair_outcomes`)."""
         return _outcome_index(self).get(call.id)
 
 
+def pair_outcomes(events: Iterable[Event]) -> Iterator[tuple[OutcomeEvent, CallEvent | None]]:
+    """Each outcome event with the call it belongs to (None: no such call), in event order.
+
+    An outcome names its call in ``parent_id``. Bundles written before parent links (or by hand)
+    are paired the documented legacy way: a result takes the oldest unpaired call of the same tool
+    name (an LLM response: of the same model); an error takes the most recent unpaired call. A
+    ``parent_id`` may point at a call that already has an outcome (a bundle error the caller can
+    report); a legacy outcome only ever takes a call without one.
+    """
+    calls: dict[str, CallEvent] = {}
+    order: list[CallEvent] = []
+    paired: set[str] = set()
+    legacy: _LegacyPairing | None = None  # built when the first outcome without a link shows up
+    for event in events:
+        if isinstance(event, (ToolCall, LlmRequest)):
+            calls.setdefault(event.id, event)
+            if legacy is None:
+                order.append(event)
+            else:
+                legacy.add(event)
+            continue
+        call: CallEvent | None
+        if event.parent_id is not None:
+            call = calls.get(event.parent_id)
+        else:
+            if legacy is None:
+                legacy = _LegacyPairing()
+                for earlier in order:
+                    if earlier.id not in paired:
+                        legacy.add(earlier)
+            call = legacy.take(event, paired)
+        if call is not None:
+            paired.add(call.id)
+        yield event, call
+
+
+class _LegacyPairing:
+    """The unpaired calls, by tool name / model (oldest first) and overall (most recent last);
+    entries that got paired since are dropped lazily."""
+
+    def __init__(self) -> None:
+        self.oldest: dict[tuple[str, str], deque[CallEvent]] = {}
+        self.recent: list[CallEvent] = []
+
+    def add(self, call: CallEvent) -> None:
+        self.oldest.setdefault(_legacy_key(call), deque()).append(call)
+        self.recent.append(call)
+
+    def take(self, outcome: OutcomeEvent, paired: set[str]) -> CallEvent | None:
+        if isinstance(outcome, ErrorEvent):
+            recent = self.recent
+            while recent and recent[-1].id in paired:
+                recent.pop()
+            return recent[-1] if recent else None
+        queue = self.oldest.get(_legacy_key(outcome))
+        while queue and queue[0].id in paired:
+            queue.popleft()
+        return queue[0] if queue else None
+
+
+def _legacy_key(event: ToolCall | LlmRequest | ToolResult | LlmResponse) -> tuple[str, str]:
+    if isinstance(event, (ToolCall, ToolResult)):
+        return ("tool", event.name)
+    return ("llm", event.model)
+
+
+# One index per Trace object, built on first use: a caller that looks up every call's outcome
+# (``stepfork show`` on a 100,000-call bundle) must not rescan the events each time. Keyed by
+# id() with a weak reference, because hashing a frozen Trace would hash all of its events.
+_outcome_indexes: dict[int, tuple[weakref.ref[Trace], dict[str, OutcomeEvent]]] = {}
+
+
 def _outcome_index(trace: Trace) -> dict[str, OutcomeEvent]:
+    key = id(trace)
+    cached = _outcome_indexes.get(key)
+    if cached is not None and cached[0]() is trace:
+        return cached[1]
     index: dict[str, OutcomeEvent] = {}
-    for event in trace.events:
-        if isinstance(event, (ToolResult, LlmResponse, ErrorEvent)) and event.parent_id:
-            index.setdefault(event.parent_id, event)
+    for outcome, call in pair_outcomes(trace.events):
+        if call is not None:
+            index.setdefault(call.id, outcome)
+
+    def forget(_: weakref.ref[Trace]) -> None:
+        _outcome_indexes.pop(key, None)
+
+    _outcome_indexes[key] = (weakref.ref(trace, forget), index)
     return index
 
 

@@ -1,0 +1,173 @@
+"""Secrets corpus, end to end: an agent whose tool arguments, nested tool outputs, LLM requests and
+responses, exception messages, run input and run output carry every secret family is recorded
+through a real SDK ``TracerProvider``; no secret may reach the bundle file, any span attribute or
+span event attribute seen by an exporter, or a span status description.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+from conftest import Recording
+from opentelemetry.sdk.trace import ReadableSpan
+from test_redaction import SECRETS, Secret
+
+from stepfork_otel import Trace, allm_request, configure, llm_request, record, trace_tool
+from stepfork_otel.trace.bundle import verify_integrity
+
+
+def _in_the_wild(secret: Secret) -> str:
+    return f"debug dump: {secret.text} (from env)"
+
+
+@dataclasses.dataclass
+class Credentials:
+    service: str
+    note: str
+
+
+class Profile(pydantic.BaseModel):
+    name: str
+    notes: list[str]
+
+
+@trace_tool
+def load_settings(service: str, note: str, headers: dict[str, str], api_key: Any) -> dict[str, Any]:
+    """Arguments carry secrets (one under a sensitive key, others in free text); the output holds
+    them nested in dicts, lists, a dataclass and a pydantic model."""
+    return {
+        "service": service,
+        "settings": {"connection": [note, {"deep": {"deeper": note}}]},
+        "credentials": Credentials(service, note),
+        "profile": Profile(name=service, notes=[note, note.upper()]),
+        "as_key": {note: "value"},
+    }
+
+
+@trace_tool
+def connect(dsn: str) -> None:
+    raise ConnectionError(f"cannot connect to {dsn}; last credential tried: {dsn}")
+
+
+@trace_tool
+async def fetch_async(note: str) -> list[str]:
+    return [note]
+
+
+def _llm(secret: Secret) -> dict[str, Any]:
+    return llm_request(
+        provider="openai",
+        model="gpt-4.1-mini",
+        input={
+            "messages": [
+                {"role": "system", "content": "You are a deployment assistant."},
+                {"role": "user", "content": f"Why does this fail? {_in_the_wild(secret)}"},
+            ],
+            "max_tokens": 256,
+        },
+        call=lambda: {
+            "choices": [{"message": {"role": "assistant", "content": f"You leaked {secret.text}"}}],
+            "usage": {"prompt_tokens": 40, "completion_tokens": 9},
+        },
+    )
+
+
+async def _allm(secret: Secret) -> dict[str, Any]:
+    async def call() -> dict[str, Any]:
+        return {"output_text": _in_the_wild(secret)}
+
+    return await allm_request(
+        provider="anthropic",
+        model="claude-sonnet",
+        input={"prompt": _in_the_wild(secret), "headers": {"x-api-key": secret.text}},
+        call=call,
+    )
+
+
+async def run_agent(secret: Secret) -> None:
+    note = _in_the_wild(secret)
+    load_settings(
+        "billing",
+        note,
+        {"Authorization": secret.text, "User-Agent": note},
+        api_key=secret.text,
+    )
+    _llm(secret)
+    await _allm(secret)
+    await fetch_async(note)
+    with pytest.raises(ConnectionError):
+        connect(note)
+
+
+def _span_texts(span: ReadableSpan) -> list[str]:
+    texts = [span.name, str(dict(span.attributes or {}))]
+    for event in span.events:
+        texts += [event.name, str(dict(event.attributes or {}))]
+    if span.status.description:
+        texts.append(span.status.description)
+    return texts
+
+
+def _assert_no_secret(secret: Secret, where: str, text: str) -> None:
+    assert secret.secret not in text, f"{secret.family} secret reached {where}"
+    for line in secret.secret.splitlines():  # PEM bodies: no line of the key either
+        assert line not in text, f"{secret.family} secret line reached {where}"
+
+
+@pytest.mark.parametrize("secret", SECRETS, ids=lambda s: s.family)
+async def test_no_secret_reaches_bundle_spans_or_statuses(
+    recording: Recording, tmp_path: Path, secret: Secret
+) -> None:
+    configure(max_span_payload_bytes=100_000)
+    path = tmp_path / "run.sftrace"
+
+    async def agent() -> None:
+        with record(path, input={"task": _in_the_wild(secret)}) as run:
+            await run_agent(secret)
+            run.set_output({"answer": f"done, used {secret.text}", "nested": [{"k": secret.text}]})
+            raise RuntimeError(f"agent gave up holding {secret.text}")
+
+    with pytest.raises(RuntimeError, match="agent gave up"):
+        await agent()
+
+    data = path.read_bytes()
+    _assert_no_secret(secret, "the bundle file", data.decode("utf-8"))
+    trace = Trace.load(path)
+    assert verify_integrity(trace) == []
+    assert {e.type for e in trace.events} == {
+        "tool_call",
+        "tool_result",
+        "llm_request",
+        "llm_response",
+        "error",
+    }
+    assert trace.run.input is not None
+    assert trace.run.output is not None
+    assert trace.run.error_message is not None
+    assert "[REDACTED" in trace.run.error_message
+
+    spans = recording.exporter.get_finished_spans()
+    assert len(spans) == 6  # run + 5 boundaries, all seen by the exporter
+    for span in spans:
+        for text in _span_texts(span):
+            _assert_no_secret(secret, f"span {span.name!r}", text)
+
+
+@pytest.mark.parametrize("secret", SECRETS[::6], ids=lambda s: s.family)
+async def test_no_secret_in_previews_of_payloads_over_the_span_cap(
+    recording: Recording, tmp_path: Path, secret: Secret
+) -> None:
+    configure(max_span_payload_bytes=64)  # every payload is left off the span: previews only
+    path = tmp_path / "big.sftrace.gz"
+    with record(path, input={"task": _in_the_wild(secret)}) as run:
+        await run_agent(secret)
+        run.set_output(_in_the_wild(secret))
+    _assert_no_secret(secret, "the gzipped bundle", gzip.decompress(path.read_bytes()).decode())
+    for span in recording.exporter.get_finished_spans():
+        for text in _span_texts(span):
+            _assert_no_secret(secret, f"span {span.name!r}", text)
