@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import Recording
+
 from stepfork_otel import ReplaySession, record, trace_tool
 
 SECRET = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
@@ -25,9 +25,11 @@ def test_live_tool_exception_is_redacted_in_replayed_calls(recording: Recording)
         lookup("paris")
     fail_live = True
     try:
-        with ReplaySession.from_trace(path, mode="live", allow_live_tools={"lookup"}) as replay:
-            with pytest.raises(RuntimeError, match="upstream refused"):
-                lookup("paris")
+        with (
+            ReplaySession.from_trace(path, mode="live", allow_live_tools={"lookup"}) as replay,
+            pytest.raises(RuntimeError, match="upstream refused"),
+        ):
+            lookup("paris")
     finally:
         fail_live = False
     (call,) = replay.calls
