@@ -158,7 +158,7 @@ def test_user_exceptions_pass_through_a_failing_recorder(
 def test_set_payload_attributes(
     recording: Recording, logged: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(boundaries, "_keep_payload", explode)
+    monkeypatch.setattr(boundaries, "payload_attributes", explode)
     assert tool(4) == 8
     assert internal_errors(logged) == [
         "stepfork_otel internal error while writing the call input on its span; the program "
@@ -166,6 +166,20 @@ def test_set_payload_attributes(
         "stepfork_otel internal error while recording a call output; the program continues",
     ]
     (span,) = recording.exporter.get_finished_spans()  # the span itself was still ended
+    assert span.name == "execute_tool tool"
+
+
+def test_side_channel_hand_over(
+    recording: Recording, logged: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(boundaries, "_keep_payload", explode)
+    assert tool(4) == 8
+    assert internal_errors(logged) == [
+        "stepfork_otel internal error while handing the call input to the bundle processor; "
+        "the program continues",
+        "stepfork_otel internal error while recording a call output; the program continues",
+    ]
+    (span,) = recording.exporter.get_finished_spans()
     assert span.name == "execute_tool tool"
 
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import re
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -16,8 +19,27 @@ from stepfork_otel import RecordedDependencyError, ReplaySession, Trace
 from stepfork_otel.assertions import assert_tool_not_called, assert_tool_sequence
 
 DOC = ROOT / "docs" / "replay.md"
-FAILURE = "examples/out/failure.sftrace"
-SUCCESS = "examples/out/success.sftrace"
+FAILURE = "failure.sftrace"
+SUCCESS = "success.sftrace"
+_BUNDLES: list[Path] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _example_bundles(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The example's bundles, recorded afresh exactly as the docs made them: by running
+    `python examples/booking_agent.py` (so recorded types from `__main__` have bare names)."""
+    out = tmp_path_factory.mktemp("examples_out")
+    subprocess.run(
+        [sys.executable, "examples/booking_agent.py", str(out)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    _BUNDLES[:] = [out]
+
+
+def _bundle(name: str) -> Path:
+    return _BUNDLES[0] / name
 
 
 def _mask(text: str) -> str:
@@ -36,7 +58,7 @@ def _raised(body: Callable[[], object]) -> str:
 
 def _frozen_failure() -> str:
     lines: list[str] = []
-    with ReplaySession.from_trace(ROOT / FAILURE, mode="frozen") as replay:
+    with ReplaySession.from_trace(_bundle(FAILURE), mode="frozen") as replay:
         try:
             run_agent("Book me the cheapest flight to Paris.")
         except RecordedDependencyError as exc:
@@ -47,33 +69,35 @@ def _frozen_failure() -> str:
 
 
 def _prompt_drift() -> None:
-    with ReplaySession.from_trace(ROOT / FAILURE):
+    with ReplaySession.from_trace(_bundle(FAILURE)):
         run_agent("Book me the cheapest flight to Paris, please.")
 
 
 def _hybrid() -> None:
-    with ReplaySession.from_trace(ROOT / FAILURE, mode="hybrid", live_llms={"openai/gpt-4.1-mini"}):
+    with ReplaySession.from_trace(
+        _bundle(FAILURE), mode="hybrid", live_llms={"openai/gpt-4.1-mini"}
+    ):
         run_agent("Book me the cheapest flight to London.")
 
 
 def _live() -> None:
-    with ReplaySession.from_trace(ROOT / FAILURE, mode="live"):
+    with ReplaySession.from_trace(_bundle(FAILURE), mode="live"):
         run_agent("Book me the cheapest flight to Paris.")
 
 
 def _forbidden_policy() -> None:
-    with ReplaySession.from_trace(ROOT / SUCCESS):
+    with ReplaySession.from_trace(_bundle(SUCCESS)):
         run_agent("Book me the cheapest flight to London.")
 
 
 def _never_ran() -> None:
-    with ReplaySession.from_trace(ROOT / FAILURE) as replay:
+    with ReplaySession.from_trace(_bundle(FAILURE)) as replay:
         pass
     replay.verify_complete()
 
 
 def _assertion() -> None:
-    with ReplaySession.from_trace(ROOT / FAILURE) as replay:
+    with ReplaySession.from_trace(_bundle(FAILURE)) as replay:
         with contextlib.suppress(RecordedDependencyError):
             run_agent("Book me the cheapest flight to Paris.")
         replay.verify_complete()
@@ -82,7 +106,7 @@ def _assertion() -> None:
 
 
 def _tampered() -> None:
-    trace = Trace.load(ROOT / FAILURE)
+    trace = Trace.load(_bundle(FAILURE))
     call = trace.calls[1]
     events = [
         e.model_copy(update={"input": (call.input or "").replace("Paris", "Lyon")})

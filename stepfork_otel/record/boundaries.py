@@ -113,27 +113,55 @@ def _keep_payload(span: Span, key: str, payload: Payload) -> None:
             side_payloads.setdefault(span_id, {})[key] = payload
 
 
-def set_payload_attributes(span: Span, key: str, payload: Payload) -> None:
-    """Write a payload on a span: text, fingerprint and size, or -- over the size cap or with
-    capture off -- fingerprint, size and why the text was left off (plus a preview under the cap)."""
+_INPUT_KEYS = (
+    k.INPUT,
+    k.INPUT_SHA256,
+    k.INPUT_SIZE,
+    k.INPUT_OMITTED,
+    k.INPUT_PREVIEW,
+    k.INPUT_VALUE,
+    k.INPUT_MIME_TYPE,
+)
+_OUTPUT_KEYS = (
+    k.OUTPUT,
+    k.OUTPUT_SHA256,
+    k.OUTPUT_SIZE,
+    k.OUTPUT_OMITTED,
+    k.OUTPUT_PREVIEW,
+    k.OUTPUT_VALUE,
+    k.OUTPUT_MIME_TYPE,
+)
+
+
+def payload_attributes(key: str, payload: Payload) -> dict[str, Any]:
+    """The span attributes of a payload: text, fingerprint and size, or -- over the size cap or
+    with capture off -- fingerprint, size and why the text was left off (plus a preview under
+    the cap). Built as one dict so a span takes them in one call (or at start, for inputs)."""
     settings = _settings.settings()
-    is_input = key == k.INPUT
-    span.set_attribute(k.INPUT_SHA256 if is_input else k.OUTPUT_SHA256, payload.sha256)
-    span.set_attribute(k.INPUT_SIZE if is_input else k.OUTPUT_SIZE, payload.size)
-    _keep_payload(span, key, payload)
+    text, sha, size, omitted, preview, value, mime = _INPUT_KEYS if key == k.INPUT else _OUTPUT_KEYS
     if not settings.capture_content:
-        span.set_attribute(
-            k.INPUT_OMITTED if is_input else k.OUTPUT_OMITTED, k.OMITTED_CAPTURE_DISABLED
-        )
-        return
+        return {sha: payload.sha256, size: payload.size, omitted: k.OMITTED_CAPTURE_DISABLED}
     if payload.size > settings.max_span_payload_bytes:
-        span.set_attribute(k.INPUT_OMITTED if is_input else k.OUTPUT_OMITTED, k.OMITTED_SIZE_CAP)
-        preview = payload.text[: k.PREVIEW_CHARS]
-        span.set_attribute(k.INPUT_PREVIEW if is_input else k.OUTPUT_PREVIEW, preview)
-        return
-    span.set_attribute(key, payload.text)
-    span.set_attribute(k.INPUT_VALUE if is_input else k.OUTPUT_VALUE, payload.text)
-    span.set_attribute(k.INPUT_MIME_TYPE if is_input else k.OUTPUT_MIME_TYPE, k.MIME_JSON)
+        return {
+            sha: payload.sha256,
+            size: payload.size,
+            omitted: k.OMITTED_SIZE_CAP,
+            preview: payload.text[: k.PREVIEW_CHARS],
+        }
+    return {
+        sha: payload.sha256,
+        size: payload.size,
+        text: payload.text,
+        value: payload.text,
+        mime: k.MIME_JSON,
+    }
+
+
+def set_payload_attributes(span: Span, key: str, payload: Payload) -> None:
+    """Write a payload on a span (see :func:`payload_attributes`) and hand it, whole, to the
+    local bundle processor."""
+    span.set_attributes(payload_attributes(key, payload))
+    _keep_payload(span, key, payload)
 
 
 def record_failure(span: Span, exc: BaseException) -> None:
@@ -243,6 +271,8 @@ def _open_span(prepared: _Prepared) -> tuple[Span, object] | None:
         else:
             seq, start = 1, call_start_time()
         prepared.attributes[k.CALL_SEQ] = seq
+        with handle_internal_errors("writing the call input on its span"):
+            prepared.attributes.update(payload_attributes(k.INPUT, prepared.call.input))
         span = _settings.tracer().start_span(
             prepared.span_name,
             kind=prepared.span_kind,
@@ -257,8 +287,8 @@ def _open_span(prepared: _Prepared) -> tuple[Span, object] | None:
     except Exception:
         _fail_or_log("opening a boundary span")
         return None
-    with handle_internal_errors("writing the call input on its span"):
-        set_payload_attributes(span, k.INPUT, prepared.call.input)
+    with handle_internal_errors("handing the call input to the bundle processor"):
+        _keep_payload(span, k.INPUT, prepared.call.input)
     return span, token
 
 
@@ -303,10 +333,12 @@ def _finish_ok(
     payload: Payload | None = None
     with handle_internal_errors("recording a call output"):
         payload = capture(result, _settings.settings().redactor)
-        set_payload_attributes(span, k.OUTPUT, payload)
-        span.set_attribute(k.STATUS, k.STATUS_OK)
+        attributes = payload_attributes(k.OUTPUT, payload)
+        attributes[k.STATUS] = k.STATUS_OK
         if prepared.call.kind == "llm":
-            _set_usage(span, result)
+            attributes.update(_usage_attributes(result))
+        span.set_attributes(attributes)
+        _keep_payload(span, k.OUTPUT, payload)
     if decision is not None:
         current_session_end(decision, payload, None)
 
@@ -378,15 +410,16 @@ def _field(value: Any, name: str) -> Any:
     return value.get(name) if isinstance(value, dict) else getattr(value, name, None)
 
 
-def _set_usage(span: Span, response: Any) -> None:
+def _usage_attributes(response: Any) -> dict[str, Any]:
     """``gen_ai.response.model`` and ``gen_ai.usage.*`` from a dict or object response (OpenAI
     ``prompt_tokens``/``completion_tokens`` or Anthropic ``input_tokens``/``output_tokens``)."""
+    attributes: dict[str, Any] = {}
     model = _field(response, "model")
     if isinstance(model, str):
-        span.set_attribute(k.GEN_AI_RESPONSE_MODEL, model)
+        attributes[k.GEN_AI_RESPONSE_MODEL] = model
     usage = _field(response, "usage")
     if usage is None:
-        return
+        return attributes
     for attribute, names in (
         (k.GEN_AI_USAGE_INPUT_TOKENS, ("input_tokens", "prompt_tokens")),
         (k.GEN_AI_USAGE_OUTPUT_TOKENS, ("output_tokens", "completion_tokens")),
@@ -394,8 +427,9 @@ def _set_usage(span: Span, response: Any) -> None:
         for name in names:
             value = _field(usage, name)
             if isinstance(value, int) and not isinstance(value, bool):
-                span.set_attribute(attribute, value)
+                attributes[attribute] = value
                 break
+    return attributes
 
 
 # --- public API ----------------------------------------------------------------------------------

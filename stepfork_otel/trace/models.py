@@ -36,6 +36,8 @@ class _Model(BaseModel):
 
 
 class _Event(_Model):
+    type: str
+    """The event type (each event class narrows it to its literal); written first, for readers."""
     id: str
     """Stable id within the bundle: ``call-<n>`` for a call, ``call-<n>.result``/``.error``."""
     parent_id: str | None = None
