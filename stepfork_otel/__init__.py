@@ -1,42 +1,113 @@
 """stepfork_otel: record an AI agent's tool and LLM calls as OpenTelemetry spans, keep them as
 `.sftrace` bundles, and replay them strictly.
 
-This module only re-exports the public API; ``tests/test_public_api.py`` pins it.
+This module only re-exports the public API; ``tests/test_public_api.py`` pins it. The names are
+loaded on first use (PEP 562): ``import stepfork_otel`` -- which the ``stepfork`` command and the
+pytest plugin entry point also trigger in every pytest run -- then costs almost nothing until the
+API is used.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from stepfork_otel.otel.otlp_json import ImportReport, OtlpImportError, iter_traces_from_otlp_json
-from stepfork_otel.otel.processor import SftraceSpanProcessor
-from stepfork_otel.otel.setup import configure
-from stepfork_otel.record.boundaries import allm_request, llm_request, trace_tool
-from stepfork_otel.record.run import RunRecorder, record
-from stepfork_otel.replay.errors import (
-    BundleIntegrityError,
-    RecordedDependencyError,
-    ReplayError,
-    ReplayExhaustedError,
-    ReplayMismatchError,
-    ReplayModeError,
-    ReplayPolicyError,
-    ReplaySessionError,
-)
-from stepfork_otel.replay.session import ReplayResult, ReplaySession
-from stepfork_otel.trace.bundle import BundleError, BundleVersionError
-from stepfork_otel.trace.canonical import UnserialisableError, canonical_json, fingerprint
-from stepfork_otel.trace.models import (
-    ErrorEvent,
-    LlmRequest,
-    LlmResponse,
-    RunInfo,
-    ToolCall,
-    ToolResult,
-    Trace,
-)
-from stepfork_otel.trace.policy import ReplayMode, ReplayPolicy
-from stepfork_otel.trace.redaction import Redactor, SecretPattern
+if TYPE_CHECKING:
+    from stepfork_otel.otel.otlp_json import (
+        ImportReport,
+        OtlpImportError,
+        iter_traces_from_otlp_json,
+    )
+    from stepfork_otel.otel.processor import SftraceSpanProcessor
+    from stepfork_otel.otel.setup import configure
+    from stepfork_otel.record.boundaries import allm_request, llm_request, trace_tool
+    from stepfork_otel.record.run import RunRecorder, record
+    from stepfork_otel.replay.errors import (
+        BundleIntegrityError,
+        RecordedDependencyError,
+        ReplayError,
+        ReplayExhaustedError,
+        ReplayMismatchError,
+        ReplayModeError,
+        ReplayPolicyError,
+        ReplaySessionError,
+    )
+    from stepfork_otel.replay.session import ReplayResult, ReplaySession
+    from stepfork_otel.trace.bundle import BundleError, BundleVersionError
+    from stepfork_otel.trace.canonical import UnserialisableError, canonical_json, fingerprint
+    from stepfork_otel.trace.models import (
+        ErrorEvent,
+        LlmRequest,
+        LlmResponse,
+        RunInfo,
+        ToolCall,
+        ToolResult,
+        Trace,
+    )
+    from stepfork_otel.trace.policy import ReplayMode, ReplayPolicy
+    from stepfork_otel.trace.redaction import Redactor, SecretPattern
+
+# `record` names both a subpackage and the public function. Load the (light) subpackage now and
+# free the name, so that `stepfork_otel.record` is the function, as it was with eager imports;
+# loading a module inside the subpackage later does not rebind it.
+importlib.import_module("stepfork_otel.record")
+del globals()["record"]
+
+#: Where each public name lives.
+_EXPORTS: dict[str, str] = {
+    "BundleError": "stepfork_otel.trace.bundle",
+    "BundleIntegrityError": "stepfork_otel.replay.errors",
+    "BundleVersionError": "stepfork_otel.trace.bundle",
+    "ErrorEvent": "stepfork_otel.trace.models",
+    "ImportReport": "stepfork_otel.otel.otlp_json",
+    "LlmRequest": "stepfork_otel.trace.models",
+    "LlmResponse": "stepfork_otel.trace.models",
+    "OtlpImportError": "stepfork_otel.otel.otlp_json",
+    "RecordedDependencyError": "stepfork_otel.replay.errors",
+    "Redactor": "stepfork_otel.trace.redaction",
+    "ReplayError": "stepfork_otel.replay.errors",
+    "ReplayExhaustedError": "stepfork_otel.replay.errors",
+    "ReplayMismatchError": "stepfork_otel.replay.errors",
+    "ReplayMode": "stepfork_otel.trace.policy",
+    "ReplayModeError": "stepfork_otel.replay.errors",
+    "ReplayPolicy": "stepfork_otel.trace.policy",
+    "ReplayPolicyError": "stepfork_otel.replay.errors",
+    "ReplayResult": "stepfork_otel.replay.session",
+    "ReplaySession": "stepfork_otel.replay.session",
+    "ReplaySessionError": "stepfork_otel.replay.errors",
+    "RunInfo": "stepfork_otel.trace.models",
+    "RunRecorder": "stepfork_otel.record.run",
+    "SecretPattern": "stepfork_otel.trace.redaction",
+    "SftraceSpanProcessor": "stepfork_otel.otel.processor",
+    "ToolCall": "stepfork_otel.trace.models",
+    "ToolResult": "stepfork_otel.trace.models",
+    "Trace": "stepfork_otel.trace.models",
+    "UnserialisableError": "stepfork_otel.trace.canonical",
+    "allm_request": "stepfork_otel.record.boundaries",
+    "canonical_json": "stepfork_otel.trace.canonical",
+    "configure": "stepfork_otel.otel.setup",
+    "fingerprint": "stepfork_otel.trace.canonical",
+    "iter_traces_from_otlp_json": "stepfork_otel.otel.otlp_json",
+    "llm_request": "stepfork_otel.record.boundaries",
+    "record": "stepfork_otel.record.run",
+    "trace_tool": "stepfork_otel.record.boundaries",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stepfork_otel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "BundleError",

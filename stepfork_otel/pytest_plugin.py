@@ -34,24 +34,20 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
-from stepfork_otel.cli._common import Style, abbreviate, preview
-from stepfork_otel.cli.outcome import describe_exception, raised_type_names, same_type_name
-from stepfork_otel.cli.report import matching_headline, matching_section
-from stepfork_otel.record import boundaries
-from stepfork_otel.record import settings as _settings
-from stepfork_otel.record.payload import capture
-from stepfork_otel.replay.errors import RecordedDependencyError, ReplayError
-from stepfork_otel.replay.session import ReplaySession
-from stepfork_otel.trace.bundle import BundleError
+if TYPE_CHECKING:
+    from stepfork_otel.replay.session import ReplaySession
+
+# The entry point loads this module in every pytest run of every project that installs
+# stepfork-otel, so it imports nothing of stepfork (nor the OTel SDK) until a test uses it.
 
 MARKER = "stepfork_replay"
 ALLOW_LIVE_LLM_MARKER = "stepfork_allow_live_llm"
 
-_SESSION = pytest.StashKey[ReplaySession]()
+_SESSION = pytest.StashKey["ReplaySession"]()
 _BLOCKED = pytest.StashKey[list[str]]()
 
 __all__ = ["assert_recorded_output", "expect_recorded_failure", "stepfork_replay"]
@@ -103,6 +99,10 @@ def _session_for(item: pytest.Item) -> ReplaySession | None:
     path = Path(marker.args[0])
     if not path.is_absolute():
         path = item.path.parent / path
+    from stepfork_otel.replay.errors import ReplayError
+    from stepfork_otel.replay.session import ReplaySession
+    from stepfork_otel.trace.bundle import BundleError
+
     try:
         session = ReplaySession.from_trace(path, **options)
     except (BundleError, ReplayError, TypeError, ValueError) as exc:
@@ -125,6 +125,11 @@ def stepfork_replay(request: pytest.FixtureRequest) -> ReplaySession:
 
 def replay_report(session: ReplaySession, verbose: bool, raised: BaseException | None) -> str:
     """The failure message of a replay test: the same matching report as ``stepfork replay``."""
+    from stepfork_otel.cli._common import Style
+    from stepfork_otel.cli.outcome import describe_exception
+    from stepfork_otel.cli.report import matching_headline, matching_section
+    from stepfork_otel.replay.errors import ReplayError
+
     result = session.summary
     recorded = len(session.trace.calls)
     where = f"{Path(session.source).name} " if session.source else ""
@@ -150,6 +155,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
         result = yield
         _fail_if_blocked(item)
         return result
+    from stepfork_otel.replay.errors import ReplayError
+
     verbose = item.config.get_verbosity() > 0
     marker = item.get_closest_marker(MARKER)
     check_complete = bool(marker.kwargs.get("verify_complete", True)) if marker else True
@@ -209,6 +216,8 @@ def pytest_runtest_protocol(
 ) -> Generator[None, object, object]:
     if not _active(item) or item.get_closest_marker(ALLOW_LIVE_LLM_MARKER) is not None:
         return (yield)
+    from stepfork_otel.record import boundaries
+
     blocked: list[str] = []
     item.stash[_BLOCKED] = blocked
     previous = boundaries.live_llm_guard
@@ -228,6 +237,9 @@ def expect_recorded_failure(error_type: str) -> Iterator[None]:
     :class:`RecordedDependencyError` replaying a dependency's recorded ``error_type``. Only the
     type is compared (``__main__`` tolerated), not the message or side effects. A divergence is
     re-raised so the plugin reports it."""
+    from stepfork_otel.cli.outcome import describe_exception, raised_type_names, same_type_name
+    from stepfork_otel.replay.errors import RecordedDependencyError, ReplayError
+
     try:
         yield
     except RecordedDependencyError as exc:
@@ -252,6 +264,10 @@ def expect_recorded_failure(error_type: str) -> Iterator[None]:
 def assert_recorded_output(output: Any, recorded_sha256: str, recorded: str | None = None) -> None:
     """The replayed return value, redacted and canonicalised as recording does, must have the
     recorded output fingerprint. ``recorded`` (the recorded canonical JSON) is only shown."""
+    from stepfork_otel.cli._common import abbreviate, preview
+    from stepfork_otel.record import settings as _settings
+    from stepfork_otel.record.payload import capture
+
     payload = capture(output, _settings.settings().redactor)
     if payload.sha256 == recorded_sha256:
         return

@@ -47,6 +47,7 @@ EXPECTED = {
 
 def test_public_api_is_pinned() -> None:
     assert set(stepfork_otel.__all__) == EXPECTED
+    assert set(stepfork_otel._EXPORTS) == EXPECTED - {"__version__"}  # every name loads lazily
     for name in stepfork_otel.__all__:
         assert hasattr(stepfork_otel, name), name
 
@@ -70,3 +71,31 @@ def test_error_hierarchy() -> None:
     assert issubclass(stepfork_otel.ReplaySessionError, ReplayError)
     assert issubclass(stepfork_otel.BundleIntegrityError, stepfork_otel.BundleError)
     assert issubclass(stepfork_otel.BundleIntegrityError, ReplayError)
+
+
+def test_import_is_light() -> None:
+    """`import stepfork_otel` (also what the pytest11 entry point costs every pytest run) loads
+    neither the OpenTelemetry SDK nor pydantic until the API is used."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, stepfork_otel.pytest_plugin; "
+        "print(sorted(m for m in ('opentelemetry.sdk.trace', 'pydantic', 'orjson') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_record_is_the_function_even_after_its_subpackage_loads() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import stepfork_otel.record.boundaries, stepfork_otel.record.run; "
+        "from stepfork_otel import record; import stepfork_otel as s; "
+        "print(record.__module__, s.record is record)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["stepfork_otel.record.run", "True"]
