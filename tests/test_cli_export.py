@@ -194,3 +194,38 @@ def test_export_to_stdout_and_no_overwrite(bundles: Bundles, tmp_path: Path) -> 
         refused.stderr == f"stepfork: error: {existing} already exists (use --force to overwrite)\n"
     )
     assert existing.read_text() == "# mine\n"
+
+
+def test_text_from_a_hostile_bundle_never_becomes_code(bundles: Bundles, tmp_path: Path) -> None:
+    """Run names and error types are bundle data: in the generated file they stay inert text."""
+    import ast
+
+    from stepfork_otel import Trace
+
+    trace = Trace.load(bundles.failure)
+    evil = 'x"""\nimport os; os.system("echo PWNED")\n_ = \'\'\''
+    hostile = trace.model_copy(
+        update={"run": trace.run.model_copy(update={"name": evil, "error_type": evil + "E"})}
+    )
+    project = _project(tmp_path, bundles.failure)
+    hostile.save(project / "tests" / 'evil""".sftrace')
+    out = project / "tests" / "test_evil.py"
+    exported = stepfork(
+        "export", "pytest", 'tests/evil""".sftrace', "--entrypoint", ENTRYPOINT, "-o", out,
+        cwd=project,
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    tree = ast.parse(out.read_text())
+    calls = [
+        node.func.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+    ]
+    assert "system" not in calls
+    assert not any(
+        isinstance(node, ast.Import) and any(a.name == "os" for a in node.names)
+        for node in ast.walk(tree)
+    )
+    docstring = ast.get_docstring(tree)
+    assert docstring is not None
+    assert "os.system" in docstring  # shown, as text

@@ -114,6 +114,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add_common_arguments(parser)
 
 
+def _doc_safe(text: str) -> str:
+    """``text`` made inert inside a triple-quoted docstring: backslashes, quotes, control and
+    non-ASCII characters escaped (display only)."""
+    return text.encode("unicode_escape").decode("ascii").replace('"', '\\"')
+
+
 def _identifier(text: str) -> str:
     name = re.sub(r"\W+", "_", text).strip("_").lower()
     return name or "run"
@@ -222,8 +228,8 @@ def render_test(
         f"from the bundle ({mode_text}) and fails, with the divergence report, when the agent "
         f"makes a different call, skips a recorded one, or {expectation}."
     )
-    doc = [
-        f'"""Replay regression test, exported by `stepfork export pytest` from {bundle.name}.',
+    doc_lines = [
+        f"Replay regression test, exported by `stepfork export pytest` from {bundle.name}.",
         "",
         f"Recorded run: {run.name or 'run'}, {status}, {len(trace.calls)} calls "
         f"(trace {abbreviate(trace.trace_id)}).",
@@ -233,8 +239,10 @@ def render_test(
         f"directory `{module}` is imported from:  python -m pytest <this file>",
         "Exported with:",
         f"    {rerun}",
-        '"""',
     ]
+    # Names and types come from the bundle, which is data: they must never close the docstring
+    # or reach the generated code as anything but text.
+    doc = ['"""' + _doc_safe(doc_lines[0]), *(_doc_safe(line) for line in doc_lines[1:]), '"""']
     imports = ["from __future__ import annotations", ""]
     if is_async:
         imports.append("import asyncio")
