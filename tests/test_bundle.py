@@ -712,3 +712,23 @@ def test_parse_trace_without_a_path_names_the_trace() -> None:
 def test_load_trace_accepts_str_and_pathlike(tmp_path: Path) -> None:
     path = save_trace(make_trace(), tmp_path / "run.sftrace")
     assert load_trace(str(path)) == load_trace(path) == load_trace(os.fspath(path))
+
+
+def test_edited_error_fields_fail_integrity(tmp_path: Path) -> None:
+    """The readable error_type/message of an error event must agree with its fingerprinted
+    output: editing them alone is tampering (found in review)."""
+    from examples import booking_agent
+
+    out = tmp_path / "out"
+    booking_agent.main(str(out))
+    trace = Trace.load(out / "failure.sftrace")
+    assert verify_integrity(trace) == []
+    events = [
+        e.model_copy(update={"message": "all good"}) if isinstance(e, ErrorEvent) else e
+        for e in trace.events
+    ]
+    tampered = trace.model_copy(update={"events": events})
+    problems = verify_integrity(tampered)
+    assert [(p.event_id, p.message) for p in problems] == [
+        ("call-4.error", "error_type/message differ from the fingerprinted output of this error")
+    ]

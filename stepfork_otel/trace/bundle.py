@@ -38,9 +38,11 @@ import orjson
 from pydantic import ValidationError
 
 from stepfork_otel.constants import FORMAT_NAME, FORMAT_VERSION
+from stepfork_otel.trace.canonical import canonical_json
 from stepfork_otel.trace.models import (
     EVENT_ADAPTER,
     TRACE_ADAPTER,
+    ErrorEvent,
     LlmRequest,
     LlmResponse,
     ToolCall,
@@ -316,7 +318,20 @@ def verify_integrity(trace: Trace) -> list[Problem]:
             checks.append(_check(event.input, event.input_sha256, "input", event.id))
         else:
             checks.append(_check(event.output, event.output_sha256, "output", event.id))
+            if isinstance(event, ErrorEvent) and event.output is not None:
+                checks.append(_error_fields_match(event))
     return [p for p in checks if p is not None]
+
+
+def _error_fields_match(event: ErrorEvent) -> Problem | None:
+    """Replay and the CLI read ``error_type``/``message``; the fingerprint covers ``output``. The
+    two must say the same, or an edit to the readable fields would pass verification."""
+    expected = canonical_json({"error_type": event.error_type, "message": event.message})
+    if event.output != expected:
+        return Problem(
+            event.id, "error_type/message differ from the fingerprinted output of this error"
+        )
+    return None
 
 
 def load_any(source: Trace | str | os.PathLike[str] | Any) -> Trace:
