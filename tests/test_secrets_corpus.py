@@ -171,3 +171,22 @@ async def test_no_secret_in_previews_of_payloads_over_the_span_cap(
     for span in recording.exporter.get_finished_spans():
         for text in _span_texts(span):
             _assert_no_secret(secret, f"span {span.name!r}", text)
+
+
+def test_user_span_names_are_redacted_in_the_bundle(recording: Recording) -> None:
+    """Context spans keep only names and timing; a name that embeds credentials is redacted
+    (found in review: `GET https://user:pass@host/?token=...` span names)."""
+    from stepfork_otel import record, trace_tool
+
+    @trace_tool
+    def lookup(city: str) -> str:
+        return city
+
+    secret_url = "GET https://bob:hunter2pass@db.example.com/?api_key=sk-proj-" + "B" * 40
+    tracer = recording.provider.get_tracer("user")
+    path = recording.directory / "ctx.sftrace"
+    with record(path), tracer.start_as_current_span(secret_url):
+        lookup("Paris")
+    text = path.read_text()
+    assert "hunter2pass" not in text
+    assert "B" * 40 not in text

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from stepfork_otel import constants as k
+from stepfork_otel.record import settings as _settings
 from stepfork_otel.record.payload import Payload
 from stepfork_otel.trace.canonical import canonical_json
 from stepfork_otel.trace.models import (
@@ -491,11 +492,12 @@ def spans_to_trace(
             outcomes[span.span_id] = outcome
         replay_mode = replay_mode or (_str(span.attributes, k.REPLAY_MODE) or None)
     events = _timeline(ordered, enclosing, calls, outcomes)
+    redactor = _settings.settings().redactor  # your span names may embed URLs with credentials
     context = [
         ContextSpan(
             span_id=s.span_id,
             parent_span_id=s.parent_span_id,
-            name=s.name,
+            name=redactor.redact_text(s.name),
             kind=s.kind,
             start_time_unix_nano=s.start_time_unix_nano,
             end_time_unix_nano=s.end_time_unix_nano or 0,
