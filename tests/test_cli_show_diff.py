@@ -166,3 +166,20 @@ def test_diff_finds_a_left_out_call(bundles: Bundles, tmp_path: Path) -> None:
     lines = result.stdout.splitlines()
     assert lines[2] == "different — first difference at call 2: A made 1 more call(s) than B"
     assert "  A only: call-2 llm acme/m1" in lines
+
+
+def test_show_escapes_terminal_control_sequences_from_the_bundle(
+    bundles: Bundles, tmp_path: Path
+) -> None:
+    """A bundle is data: its text must not retitle, clear or drive the terminal."""
+    trace = Trace.load(bundles.failure)
+    hostile = trace.model_copy(
+        update={"run": trace.run.model_copy(update={"name": "agent\x1b]0;owned\x07\x1b[2J"})}
+    )
+    path = tmp_path / "hostile.sftrace"
+    hostile.save(path)
+    shown = stepfork("show", path)
+    assert shown.returncode == 0, shown.stderr
+    assert "\x1b" not in shown.stdout
+    assert "\x07" not in shown.stdout
+    assert "agent\\x1b]0;owned\\x07\\x1b[2J" in shown.stdout

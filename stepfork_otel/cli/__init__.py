@@ -14,10 +14,11 @@ import argparse
 import importlib
 import importlib.util
 import os
+import re
 import sys
 import traceback
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn, TextIO
 
 from stepfork_otel.cli import diff_cmd, export_cmd, replay_cmd, show_cmd, validate_cmd
 from stepfork_otel.cli._common import EXIT_BAD_INPUT, EXIT_OK, CliError, print_error
@@ -58,8 +59,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Control characters other than newline, tab and carriage return -- and escape sequences other than
+# the colour (SGR) ones this command writes itself -- are shown escaped: a bundle is data, and
+# text from it (a run name, an error message) must not retitle, clear or drive the terminal.
+_UNSAFE = re.compile(r"\x1b\[[0-9;]*m|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    text = match.group()
+    return text if len(text) > 1 else text.encode("unicode_escape").decode("ascii")
+
+
+class _TerminalSafe:
+    """A text stream that writes control characters escaped (see ``_UNSAFE``)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(_UNSAFE.sub(_escape, text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code (the console script exits with it)."""
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout = _TerminalSafe(stdout)
+    sys.stderr = _TerminalSafe(stderr)
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout, sys.stderr = stdout, stderr
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
