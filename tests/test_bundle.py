@@ -732,3 +732,21 @@ def test_edited_error_fields_fail_integrity(tmp_path: Path) -> None:
     assert [(p.event_id, p.message) for p in problems] == [
         ("call-4.error", "error_type/message differ from the fingerprinted output of this error")
     ]
+
+
+def test_loading_restores_the_garbage_collector(tmp_path: Path) -> None:
+    import gc
+
+    bad = tmp_path / "bad.sftrace"
+    bad.write_text('{"format": "sftrace", "format_version": 1, "trace_id": 7}')
+    assert gc.isenabled()
+    with pytest.raises(BundleError):
+        load_trace(bad)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with pytest.raises(BundleError):
+            load_trace(bad)
+        assert not gc.isenabled()  # a caller that had it off keeps it off
+    finally:
+        gc.enable()
