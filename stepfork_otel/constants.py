@@ -113,6 +113,22 @@ EXCEPTION_MESSAGE: Final = "exception.message"
 KIND_RUN: Final = "run"
 KIND_TOOL: Final = "tool"
 KIND_LLM: Final = "llm"
+#: The ``stepfork.kind`` values of boundary calls (as opposed to the run).
+BOUNDARY_KINDS: Final = (KIND_TOOL, KIND_LLM)
+
+#: ``openinference.span.kind`` values.
+OI_KIND_TOOL: Final = "TOOL"
+OI_KIND_LLM: Final = "LLM"
+OI_KIND_AGENT: Final = "AGENT"
+
+#: ``stepfork.replay.action`` values.
+ACTION_SUBSTITUTED: Final = "substituted"
+ACTION_EXECUTED: Final = "executed"
+ACTION_REJECTED: Final = "rejected"
+REPLAY_ACTIONS: Final = (ACTION_SUBSTITUTED, ACTION_EXECUTED, ACTION_REJECTED)
+
+#: First bytes of a gzip stream (a compressed bundle or collector file).
+GZIP_MAGIC: Final = b"\x1f\x8b"
 
 OMITTED_SIZE_CAP: Final = "size_cap"
 OMITTED_CAPTURE_DISABLED: Final = "capture_disabled"

@@ -49,7 +49,6 @@ from stepfork_otel.trace.models import (
 )
 from stepfork_otel.trace.policy import ReplayPolicy
 
-_BOUNDARY_KINDS = (k.KIND_TOOL, k.KIND_LLM)
 _HEX = frozenset("0123456789abcdef")
 
 T = TypeVar("T", bound=Hashable)
@@ -194,7 +193,7 @@ def _policy(attrs: Mapping[str, Any]) -> ReplayPolicy:
 
 def _action(attrs: Mapping[str, Any]) -> Any:
     action = attrs.get(k.REPLAY_ACTION)
-    return action if action in ("substituted", "executed", "rejected") else None
+    return action if action in k.REPLAY_ACTIONS else None
 
 
 def _status(attrs: Mapping[str, Any]) -> str | None:
@@ -462,7 +461,7 @@ def spans_to_trace(
             runs = top_level_runs(by_id.values())
             run = runs[0] if runs else None
 
-    boundary_spans = [s for s in by_id.values() if s.stepfork_kind in _BOUNDARY_KINDS]
+    boundary_spans = [s for s in by_id.values() if s.stepfork_kind in k.BOUNDARY_KINDS]
     boundary_ids = {s.span_id for s in boundary_spans}
 
     def enclosing_call(span: SpanRecord) -> str | None:

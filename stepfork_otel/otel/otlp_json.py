@@ -87,9 +87,7 @@ MAX_WHOLE_FILE_BYTES = 256 * 1024 * 1024
 #: How many trace ids an error message lists.
 _MAX_IDS_SHOWN = 5
 
-_GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_BOUNDARY_KINDS = (k.KIND_TOOL, k.KIND_LLM)
 _OTHER_SIGNALS = (
     *("resourceLogs", "resourceMetrics", "resourceProfiles"),
     *("resource_logs", "resource_metrics", "resource_profiles"),
@@ -443,7 +441,7 @@ class _FileSource(_Source):
                 f"{self.name}: zstd-compressed (file exporter with compression: zstd); "
                 "decompress it first (zstd -d)"
             )
-        if head.startswith(_GZIP_MAGIC):
+        if head.startswith(k.GZIP_MAGIC):
             handle.close()
             return typing.cast(IO[bytes], gzip.open(self.path, "rb"))
         if b"\x00" in head:  # JSON text never holds a NUL byte
@@ -724,7 +722,7 @@ class _Assembler:
         for run in runs:
             inside |= subtree(parents, run.span_id)
         outside = [
-            s for s in records if s.stepfork_kind in _BOUNDARY_KINDS and s.span_id not in inside
+            s for s in records if s.stepfork_kind in k.BOUNDARY_KINDS and s.span_id not in inside
         ]
         if outside:
             self._problem(

@@ -95,7 +95,7 @@ class RunRecorder:
             k.RUN_NAME: self.name,
             k.GEN_AI_OPERATION_NAME: k.OP_INVOKE_AGENT,
             k.GEN_AI_AGENT_NAME: self.name,
-            k.OPENINFERENCE_SPAN_KIND: "AGENT",
+            k.OPENINFERENCE_SPAN_KIND: k.OI_KIND_AGENT,
             k.SDK_VERSION: f"stepfork_otel {__version__}",
         }
         if self.entrypoint:
