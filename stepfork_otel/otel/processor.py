@@ -384,7 +384,10 @@ class SftraceSpanProcessor(SpanProcessor):
     def _root_job(
         self, trace_id: int, entry: _OpenTrace, root_id: int, *, write: bool
     ) -> list[_Job]:
-        ids = subtree(entry.parents(), root_id)
+        if not entry.open and len(entry.ended) == 1 and root_id in entry.ended:
+            ids = {root_id}  # a lone span (a call made outside any span): nothing to walk
+        else:
+            ids = subtree(entry.parents(), root_id)
         jobs: list[_Job] = []
         has_boundary = write and (
             any(_kind(entry.ended[i][0]) in _BOUNDARY_KINDS for i in ids if i in entry.ended)
@@ -400,8 +403,9 @@ class SftraceSpanProcessor(SpanProcessor):
             entry.ended.pop(span_id, None)
         if not entry.open:  # nothing else of this trace is running here
             del self._traces[trace_id]
-            for key in [key for key in self._destinations if key[0] == trace_id]:
-                del self._destinations[key]
+            if self._destinations:
+                for key in [key for key in self._destinations if key[0] == trace_id]:
+                    del self._destinations[key]
         return jobs
 
     def _refused_job(

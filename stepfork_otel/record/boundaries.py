@@ -298,32 +298,41 @@ def _close_span(span: Span, token: object) -> None:
         span.end()
 
 
-def _decide(prepared: _Prepared, span: Span) -> ReplayDecision | None:
+def _decide(prepared: _Prepared, span: Span) -> tuple[ReplayDecision, str] | None:
     """Ask the active replay session (if any) what to do; a refusal is written on the span and
-    raised. Returns None outside replay."""
+    raised. Returns None outside replay, else the decision and the session's mode. A substituted
+    call's attributes are written by :func:`_finish_substituted`, all in one call."""
     session = current_session.get()
     if session is None:
         return None
-    span.set_attribute(k.REPLAY_MODE, session.mode.value)
+    mode = session.mode.value
     try:
         decision = session.begin_call(prepared.call)
     except BaseException as exc:
-        span.set_attribute(k.REPLAY_ACTION, "rejected")
+        span.set_attributes({k.REPLAY_MODE: mode, k.REPLAY_ACTION: "rejected"})
         record_failure(span, exc)
         span.set_attribute(k.STATUS, k.STATUS_SKIPPED)
         raise
-    span.set_attribute(k.REPLAY_ACTION, decision.action)
-    return decision
+    if decision.action != "substituted":
+        span.set_attributes({k.REPLAY_MODE: mode, k.REPLAY_ACTION: decision.action})
+    return decision, mode
 
 
-def _finish_substituted(span: Span, decision: ReplayDecision) -> Any:
+def _finish_substituted(span: Span, decision: ReplayDecision, mode: str) -> Any:
+    attributes: dict[str, Any] = {k.REPLAY_MODE: mode, k.REPLAY_ACTION: decision.action}
+    output = decision.output
     with handle_internal_errors("writing a substituted output on its span"):
-        if decision.output is not None:
-            set_payload_attributes(span, k.OUTPUT, decision.output)
+        if output is not None:
+            attributes.update(payload_attributes(k.OUTPUT, output))
+    if decision.error is None:
+        attributes[k.STATUS] = k.STATUS_OK
+    with handle_internal_errors("writing a substituted output on its span"):
+        span.set_attributes(attributes)
+        if output is not None:
+            _keep_payload(span, k.OUTPUT, output)
     if decision.error is not None:
         record_failure(span, decision.error)
         raise decision.error
-    span.set_attribute(k.STATUS, k.STATUS_OK)
     return decision.value
 
 
@@ -358,23 +367,16 @@ def current_session_end(
         session.end_call(decision, output, error)
 
 
-def _prepare_or_log(build: Callable[[], _Prepared]) -> _Prepared | None:
-    try:
-        return build()
-    except Exception:
-        _fail_or_log("preparing a boundary call")
-        return None
-
-
 def _run_sync(prepared: _Prepared | None, body: Callable[[], R]) -> R:
     opened = None if prepared is None else _open_span(prepared)
     if prepared is None or opened is None:
         return body()  # stepfork could not record this call (logged): the call still runs
     span, token = opened
     try:
-        decision = _decide(prepared, span)
-        if decision is not None and decision.action == "substituted":
-            return typing.cast(R, _finish_substituted(span, decision))
+        decided = _decide(prepared, span)
+        decision = None if decided is None else decided[0]
+        if decided is not None and decided[0].action == "substituted":
+            return typing.cast(R, _finish_substituted(span, *decided))
         try:
             result = body()
         except BaseException as exc:
@@ -392,9 +394,10 @@ async def _run_async(prepared: _Prepared | None, body: Callable[[], Awaitable[R]
         return await body()
     span, token = opened
     try:
-        decision = _decide(prepared, span)
-        if decision is not None and decision.action == "substituted":
-            return typing.cast(R, _finish_substituted(span, decision))
+        decided = _decide(prepared, span)
+        decision = None if decided is None else decided[0]
+        if decided is not None and decided[0].action == "substituted":
+            return typing.cast(R, _finish_substituted(span, *decided))
         try:
             result = await body()
         except BaseException as exc:
@@ -446,6 +449,45 @@ def _tool_arguments(
     return arguments
 
 
+def _simple_binder(
+    signature: inspect.Signature, skip_first: bool
+) -> Callable[[Any, Any], dict[str, Any] | None] | None:
+    """For a signature of plain parameters (positional-or-keyword, no ``*args``/``**kwargs``),
+    a function giving exactly what ``bind`` + ``apply_defaults`` give -- the arguments in
+    parameter order, defaults filled in -- or None when the call is not a plain one (a missing
+    or unknown argument, one given twice, too many): ``_tool_arguments`` then binds it, and
+    raises the same ``TypeError`` as before. None for other signatures."""
+    params = list(signature.parameters.values())
+    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+        return None
+    names = tuple(p.name for p in params)
+    defaults = tuple(p.default for p in params)
+    empty = inspect.Parameter.empty
+    first = names[0] if skip_first and names else None
+
+    def bind(args: Any, kwargs: Any) -> dict[str, Any] | None:
+        given = len(args)
+        if given > len(names):
+            return None
+        arguments = dict(zip(names, args, strict=False))
+        used = 0
+        for name, default in zip(names[given:], defaults[given:], strict=True):
+            if name in kwargs:
+                arguments[name] = kwargs[name]
+                used += 1
+            elif default is empty:
+                return None
+            else:
+                arguments[name] = default
+        if used != len(kwargs):
+            return None
+        if first is not None:
+            del arguments[first]
+        return arguments
+
+    return bind
+
+
 def _return_type(fn: Callable[..., Any]) -> Any:
     try:
         return typing.get_type_hints(fn).get("return")
@@ -493,14 +535,20 @@ def trace_tool(
                 resolved.append(_return_type(func))
             return resolved[0]
 
+        simple_bind = _simple_binder(signature, skip_first)
+
         def prepare(args: Any, kwargs: Any) -> _Prepared | None:
+            arguments = None if simple_bind is None else simple_bind(args, kwargs)
+            if arguments is None:
+                try:
+                    arguments = _tool_arguments(signature, skip_first, args, kwargs)
+                except TypeError:
+                    return None  # the call itself is wrong: let the function raise its TypeError
             try:
-                arguments = _tool_arguments(signature, skip_first, args, kwargs)
-            except TypeError:
-                return None  # the call itself is wrong: let the function raise its own TypeError
-            return _prepare_or_log(
-                lambda: _prepare_tool(tool_name, policy, arguments, output_type())
-            )
+                return _prepare_tool(tool_name, policy, arguments, output_type())
+            except Exception:
+                _fail_or_log("preparing a boundary call")
+                return None
 
         if inspect.iscoroutinefunction(func):
 
@@ -546,9 +594,13 @@ def llm_request(
     policy = ReplayPolicy.parse(replay_policy)
     if live_llm_guard is not None and current_session.get() is None:
         live_llm_guard(provider, model)
-    prepared = _prepare_or_log(
-        lambda: _prepare_llm(provider, model, operation, input, policy, response_type)
-    )
+    try:
+        prepared: _Prepared | None = _prepare_llm(
+            provider, model, operation, input, policy, response_type
+        )
+    except Exception:
+        _fail_or_log("preparing a boundary call")
+        prepared = None
     return _run_sync(prepared, call)
 
 
@@ -566,7 +618,11 @@ async def allm_request(
     policy = ReplayPolicy.parse(replay_policy)
     if live_llm_guard is not None and current_session.get() is None:
         live_llm_guard(provider, model)
-    prepared = _prepare_or_log(
-        lambda: _prepare_llm(provider, model, operation, input, policy, response_type)
-    )
+    try:
+        prepared: _Prepared | None = _prepare_llm(
+            provider, model, operation, input, policy, response_type
+        )
+    except Exception:
+        _fail_or_log("preparing a boundary call")
+        prepared = None
     return await _run_async(prepared, call)

@@ -863,8 +863,9 @@ class ReplaySession:
                     actual=self._actual(call),
                 )
         expected.state = "consumed"
-        for inner in descendants(self._plan, expected):
-            inner.state = "skipped"
+        if expected.children:
+            for inner in descendants(self._plan, expected):
+                inner.state = "skipped"
         self._advance()
         replayed.action = "substituted"
         text = outcome.output or ""

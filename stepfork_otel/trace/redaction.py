@@ -29,7 +29,13 @@ needles), one regular expression per anchor finds any needle of its group, and a
 anchor byte does not occur is skipped by one ``memchr``. Only when a needle is found are the rules
 it belongs to worked out; a pattern may then ``confirm`` on the raw text (``sk-`` followed by 20
 token characters, ``://`` followed by an ``@``) so that ``task-1`` or a plain URL does not cost a
-walk. Only then is the payload decoded and walked -- with just the rules whose needles were found.
+walk. Only then is the payload redacted -- with just the rules whose needles were found, and only
+in the strings that hold one of those needles: a match lies inside one string and contains a
+needle, so the strings are found from where the needles are in the text (the quotes around them
+are counted), redacted, and spliced back into the text (``_splice``); the output is byte for byte
+what decoding, walking and re-encoding gives. A payload where that shortcut does not apply (a
+sensitive key, a secret used as a key, non-ASCII text, a needle holding a quote) is decoded and
+walked, and each string is first searched with one alternation of the selected patterns.
 
 A needle is deliberately looser than its rule: a false alarm costs time, never correctness. Words
 such as "bearer" and "basic" are both needles and ordinary English; a payload holding them is
@@ -47,7 +53,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,6 +203,8 @@ DEFAULT_PATTERNS: tuple[SecretPattern, ...] = (
     ),
 )
 
+_BUILT_IN = frozenset(DEFAULT_PATTERNS)
+
 #: Sensitive key suffixes, compared against the normalised key (see the module docstring).
 DEFAULT_SENSITIVE_KEYS: tuple[str, ...] = (
     "password",
@@ -322,11 +330,6 @@ def _group_needles(needles: Iterable[bytes]) -> tuple[_Group, ...]:
     return tuple(groups)
 
 
-def _found(groups: tuple[_Group, ...], data: bytes) -> bool:
-    # `anchor in data` is a memchr: a group whose anchor byte is absent costs nothing
-    return any(g.anchor in data and g.regex.search(data) is not None for g in groups)
-
-
 def _found_needles(groups: tuple[_Group, ...], data: bytes) -> set[bytes]:
     found: set[bytes] = set()
     for g in groups:
@@ -335,12 +338,48 @@ def _found_needles(groups: tuple[_Group, ...], data: bytes) -> set[bytes]:
     return found
 
 
+def _implied(
+    groups: tuple[_Group, ...], needles: Iterable[tuple[int, Iterable[bytes]]]
+) -> dict[bytes, tuple[tuple[int, bytes], ...]]:
+    """For each grouped needle, the (owner, needle) pairs whose needle contains it: finding the
+    grouped one is what makes each of those worth looking for."""
+    pairs = [(owner, n) for owner, ns in needles for n in ns]
+    return {g: tuple((o, n) for o, n in pairs if g in n) for grp in groups for g in grp.needles}
+
+
 @dataclass(frozen=True)
 class _Plan:
     """What the slow path has to do with one payload."""
 
     patterns: tuple[SecretPattern, ...]
     keys: bool
+    probe: re.Pattern[str] | None = None
+    """One regex that finds something in a string whenever any of ``patterns`` would (see
+    :func:`_probe`); a string it finds nothing in is left alone without running each pattern."""
+    raw: bytes = b""
+    """The canonical text's UTF-8 bytes, and below its folded form (as the pre-check saw them)."""
+    folded: bytes = b""
+    raw_needles: tuple[bytes, ...] | None = None
+    """Prefixes of ``patterns`` (as in ``raw``), and below their triggers (as in ``folded``);
+    None when a pattern has neither (it can match anywhere)."""
+    folded_needles: tuple[bytes, ...] = ()
+
+
+_PROBE_GROUP = re.compile(r"\(\?P<secret>")
+
+
+def _probe(patterns: tuple[SecretPattern, ...]) -> re.Pattern[str] | None:
+    """The alternation of ``patterns`` (built-in ones only: their sources are known to combine
+    -- the same flags, no back-references, only the ``secret`` group, renamed away here).
+
+    Patterns are applied one after the other, each on the text the previous one left; but when
+    none of them finds anything in a string, each leaves it unchanged, so one search of the
+    alternation that finds nothing proves the whole sequence changes nothing."""
+    if not patterns or not all(p in _BUILT_IN for p in patterns):
+        return None
+    return re.compile(
+        "|".join(f"(?:{_PROBE_GROUP.sub('(?:', p.regex.pattern)})" for p in patterns), re.ASCII
+    )
 
 
 # --- the redactor ----------------------------------------------------------------------------------
@@ -365,8 +404,16 @@ class Redactor:
     _raw_needles: tuple[tuple[bytes, ...], ...] = field(init=False, repr=False, compare=False)
     _folded_needles: tuple[tuple[bytes, ...], ...] = field(init=False, repr=False, compare=False)
     _always_scan: tuple[SecretPattern, ...] = field(init=False, repr=False, compare=False)
-    _raw_grouped: frozenset[bytes] = field(init=False, repr=False, compare=False)
-    _folded_grouped: frozenset[bytes] = field(init=False, repr=False, compare=False)
+    _probes: dict[tuple[int, ...], re.Pattern[str] | None] = field(
+        init=False, repr=False, compare=False
+    )
+    """Probe (see :func:`_probe`) of each combination of patterns a payload selected."""
+    _raw_implied: dict[bytes, tuple[tuple[int, bytes], ...]] = field(
+        init=False, repr=False, compare=False
+    )
+    _folded_implied: dict[bytes, tuple[tuple[int, bytes], ...]] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         keys = tuple(dict.fromkeys(k for k in map(_normalise_key, self.sensitive_keys) if k))
@@ -385,10 +432,16 @@ class Redactor:
         set_(self, "_folded_needles", folded)
         set_(self, "_raw_groups", raw_groups)
         set_(self, "_folded_groups", folded_groups)
-        set_(self, "_raw_grouped", frozenset(n for g in raw_groups for n in g.needles))
-        set_(self, "_folded_grouped", frozenset(n for g in folded_groups for n in g.needles))
         always = tuple(p for p in self.patterns if not (p.triggers or p.prefixes))
         set_(self, "_always_scan", always)
+        set_(self, "_probes", {})
+        # which needles (of which pattern; -1: a sensitive key) each grouped needle stands for
+        set_(self, "_raw_implied", _implied(raw_groups, enumerate(raw)))
+        set_(
+            self,
+            "_folded_implied",
+            _implied(folded_groups, [(-1, key_needles), *enumerate(folded)]),
+        )
 
     def with_rules(
         self,
@@ -421,7 +474,8 @@ class Redactor:
 
     def redact(self, value: Any) -> Any:
         """A redacted copy of a JSON-shaped value (dicts, lists, strings, numbers)."""
-        return self._walk(value, _Plan(self.patterns, True))[0]
+        everything = _Plan(self.patterns, True, self._probe_of(tuple(range(len(self.patterns)))))
+        return self._walk(value, everything)[0]
 
     def redact_message(self, message: str) -> str:
         """An exception message made safe to record: redacted and bounded in length."""
@@ -441,10 +495,12 @@ class Redactor:
         plan = self._plan(canonical)
         if plan is None:
             return canonical
-        try:
-            value = orjson.loads(canonical)
-        except orjson.JSONDecodeError:  # integers beyond 64 bits: the stdlib parser keeps them
-            value = json.loads(canonical)
+        if not plan.keys and plan.raw_needles is not None:
+            spliced = _splice(canonical, plan)
+            if spliced is not None:
+                return spliced
+        # orjson reads an integer beyond 64 bits as a float (1e+20): the stdlib parser keeps it
+        value = json.loads(canonical) if _LONG_NUMBER.search(canonical) else orjson.loads(canonical)
         redacted, changed = self._walk(value, plan)
         return canonical_json(redacted) if changed else canonical
 
@@ -452,76 +508,175 @@ class Redactor:
         """None when no rule can match; otherwise the rules whose needles were found."""
         raw = canonical.encode("utf-8")
         folded = fold(canonical)
-        if not (
-            self._always_scan
-            or _found(self._raw_groups, raw)
-            or _found(self._folded_groups, folded)
-        ):
+        in_raw = _found_needles(self._raw_groups, raw)
+        in_folded = _found_needles(self._folded_groups, folded)
+        if not (in_raw or in_folded or self._always_scan):
             return None
-        # Something was found (rare): work out which rules it concerns.
-        in_raw = _Finder(_found_needles(self._raw_groups, raw), self._raw_grouped, raw)
-        in_folded = _Finder(
-            _found_needles(self._folded_groups, folded), self._folded_grouped, folded
-        )
-        selected = []
-        for pattern, raw_needles, folded_needles in zip(
-            self.patterns, self._raw_needles, self._folded_needles, strict=True
+        # Something was found (rare): work out which rules it concerns, and with which needles.
+        present: dict[int, tuple[list[bytes], list[bytes]]] = {}
+        for side, found, implied, data in (
+            (0, in_raw, self._raw_implied, raw),
+            (1, in_folded, self._folded_implied, folded),
         ):
+            for grouped in found:
+                for index, needle in implied[grouped]:
+                    # a needle left out of the groups holds a shorter one: look for it only now
+                    if needle == grouped or needle in data:
+                        present.setdefault(index, ([], []))[side].append(needle)
+        selected = []
+        indexes = []
+        raw_found: dict[bytes, None] = {}
+        folded_found: dict[bytes, None] = {}
+        for index, pattern in enumerate(self.patterns):
             if pattern in self._always_scan or (
-                (in_raw.any(raw_needles) or in_folded.any(folded_needles))
+                index in present
                 and (pattern.confirm is None or pattern.confirm.search(raw) is not None)
             ):
                 selected.append(pattern)
-        keys = in_folded.any(self._key_needles)
+                indexes.append(index)
+                raw_needles, folded_needles = present.get(index, ((), ()))
+                raw_found.update(dict.fromkeys(raw_needles))
+                folded_found.update(dict.fromkeys(folded_needles))
+        keys = -1 in present
         if not selected and not keys:
             return None
-        return _Plan(tuple(selected), keys)
+        patterns = tuple(selected)
+        located = not any(p in self._always_scan for p in patterns)
+        return _Plan(
+            patterns,
+            keys,
+            self._probe_of(tuple(indexes)),
+            raw,
+            folded,
+            tuple(raw_found) if located else None,
+            tuple(folded_found),
+        )
+
+    def _probe_of(self, indexes: tuple[int, ...]) -> re.Pattern[str] | None:
+        """The probe of the patterns at ``indexes`` (built once per combination)."""
+        if indexes in self._probes:
+            return self._probes[indexes]
+        probe = _probe(tuple(self.patterns[i] for i in indexes))
+        if len(self._probes) < 1024:
+            self._probes[indexes] = probe
+        return probe
 
     def _walk(self, value: Any, plan: _Plan) -> tuple[Any, bool]:
-        if isinstance(value, str):
-            redacted = _redact_text(value, plan.patterns)
-            return redacted, redacted != value
-        if isinstance(value, dict):
-            changed = False
-            out: dict[Any, Any] = {}
-            for k, v in value.items():
-                if plan.keys and isinstance(k, str) and self.is_sensitive_key(k):
-                    item: Any = KEY_MARKER
-                    changed = changed or v != KEY_MARKER
-                else:
-                    item, c = self._walk(v, plan)
-                    changed = changed or c
-                if isinstance(k, str) and plan.patterns:
-                    name = _redact_text(k, plan.patterns)
-                    if name != k:  # a secret used as a key
-                        changed = True
-                        k = name
-                    if k in out:  # taken by a redacted key: number it, never overwrite
-                        k = _free_name(k, out)
-                out[k] = item
-            return out, changed
-        if isinstance(value, (list, tuple)):
-            items = [self._walk(v, plan) for v in value]
-            return [v for v, _ in items], any(c for _, c in items)
-        return value, False
+        patterns, probe = plan.patterns, plan.probe
+        search = probe.search if probe is not None else None
+        sensitive = self.is_sensitive_key if plan.keys else None
+
+        def text(s: str) -> str:
+            if not patterns or (search is not None and search(s) is None):
+                return s
+            return _redact_text(s, patterns)
+
+        def walk(value: Any) -> tuple[Any, bool]:
+            if isinstance(value, str):
+                redacted = text(value)
+                return redacted, redacted != value
+            if isinstance(value, dict):
+                changed = False
+                out: dict[Any, Any] = {}
+                for k, v in value.items():
+                    if sensitive is not None and isinstance(k, str) and sensitive(k):
+                        item: Any = KEY_MARKER
+                        changed = changed or v != KEY_MARKER
+                    elif isinstance(v, (str, dict, list, tuple)):
+                        item, c = walk(v)
+                        changed = changed or c
+                    else:
+                        item = v
+                    if isinstance(k, str) and patterns:
+                        name = text(k)
+                        if name != k:  # a secret used as a key
+                            changed = True
+                            k = name
+                        if k in out:  # taken by a redacted key: number it, never overwrite
+                            k = _free_name(k, out)
+                    out[k] = item
+                return out, changed
+            if isinstance(value, (list, tuple)):
+                items = [walk(v) for v in value]
+                return [v for v, _ in items], any(c for _, c in items)
+            return value, False
+
+        return walk(value)
 
 
-@dataclass(frozen=True)
-class _Finder:
-    """Which needles a text holds, given the grouped needles found in it."""
+_MAX_SPLICE_HITS = 64
+#: A run of digits that may be an integer orjson cannot hold (beyond 64 bits: 19 digits or more).
+_LONG_NUMBER = re.compile(r"[0-9]{19}")
 
-    found: set[bytes]
-    grouped: frozenset[bytes]
-    data: bytes
 
-    def any(self, needles: Iterable[bytes]) -> bool:
-        for n in needles:
-            if n in self.found:
-                return True
-            # a needle left out of the groups holds a shorter one: look for it only then
-            if n not in self.grouped and any(k in n for k in self.found) and n in self.data:
-                return True
-        return False
+def _real_quotes(data: bytes) -> bytes:
+    """``data`` (canonical JSON text, or its folded form) with escaped quotes and backslashes
+    masked, so that every quote left delimits a string. In canonical JSON every backslash starts
+    an escape, so pairing backslashes from the left pairs them the way the escapes do."""
+    if b"\\" not in data:
+        return data
+    return data.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+
+
+def _splice(canonical: str, plan: _Plan) -> str | None:
+    """``canonical_json`` of the redacted value, without decoding the whole payload: the strings
+    that redaction changes, redacted and spliced into the text. None when this shortcut does not
+    apply (a key would change, a non-ASCII text, many needles found): the caller decodes and walks.
+
+    The strings of a canonical text are the stretches between its unescaped quotes (every other
+    stretch), in the text as in its folded form: folding keeps every quote and removes escapes
+    whole. Every match of a pattern contains one of its needles (the contract the pre-check rests
+    on) and lies inside one string, so a string without a needle of any selected pattern is a
+    string the walk would leave alone. A needle holding a quote or a backslash could straddle a
+    string's edge: when one is present, this shortcut is not taken. The strings holding a needle
+    are redacted exactly as the walk redacts them; a value changes in place, so the key order and
+    the rest of the text stay as they are."""
+    if not canonical.isascii():  # non-ASCII lower-casing may depend on neighbouring letters
+        return None
+    hits: set[int] = set()
+    masked_raw = b""
+    for data, needles in ((plan.raw, plan.raw_needles or ()), (plan.folded, plan.folded_needles)):
+        found: list[int] = []
+        for needle in needles:
+            at = data.find(needle)
+            if at != -1 and (b'"' in needle or b"\\" in needle):
+                return None
+            while at != -1:
+                if len(found) == _MAX_SPLICE_HITS:
+                    return None
+                found.append(at)
+                at = data.find(needle, at + 1)
+        masked = _real_quotes(data)
+        if data is plan.raw:
+            masked_raw = masked
+        found.sort()
+        quotes, counted = 0, 0
+        for at in found:
+            quotes += masked.count(b'"', counted, at)
+            counted = at
+            if quotes % 2:
+                hits.add(quotes)
+    if not hits:
+        return canonical
+    parts = masked_raw.split(b'"')
+    pieces: list[str] = []
+    done = 0
+    for index in sorted(hits):
+        begin = sum(map(len, parts[:index])) + index
+        end = begin + len(parts[index])
+        text = canonical[begin:end]
+        value = orjson.loads(f'"{text}"') if "\\" in text else text
+        redacted = _redact_text(value, plan.patterns)
+        if redacted != value:
+            if canonical.startswith(":", end + 1):  # a key: the order of keys could change
+                return None
+            pieces.append(canonical[done:begin])
+            pieces.append(canonical_json(redacted)[1:-1])
+            done = end
+    if not pieces:
+        return canonical
+    pieces.append(canonical[done:])
+    return "".join(pieces)
 
 
 def _free_name(name: str, taken: dict[Any, Any]) -> str:
@@ -535,8 +690,22 @@ def _free_name(name: str, taken: dict[Any, Any]) -> str:
 
 def _redact_text(text: str, patterns: tuple[SecretPattern, ...]) -> str:
     for pattern in patterns:
-        text = pattern.regex.sub(functools.partial(_replace, pattern=pattern), text)
+        text = pattern.regex.sub(_replacer(pattern), text)
     return text
+
+
+#: id(pattern) -> (pattern, its replacement function); keyed by identity: hashing a pattern
+#: (a dataclass holding a compiled regex) costs more than the substitution of a short string.
+_REPLACERS: dict[int, tuple[SecretPattern, Callable[[re.Match[str]], str]]] = {}
+
+
+def _replacer(pattern: SecretPattern) -> Callable[[re.Match[str]], str]:
+    entry = _REPLACERS.get(id(pattern))
+    if entry is None or entry[0] is not pattern:
+        if len(_REPLACERS) > 4096:
+            _REPLACERS.clear()
+        entry = _REPLACERS[id(pattern)] = (pattern, functools.partial(_replace, pattern=pattern))
+    return entry[1]
 
 
 def _replace(match: re.Match[str], pattern: SecretPattern) -> str:
