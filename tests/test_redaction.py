@@ -595,3 +595,24 @@ def test_fold_removes_case_separators_and_whitespace_escapes() -> None:
     assert fold('"a\\\\tb"') == b'"atb"'
     assert fold('"\\u000b\\n\\r\\f\\"\\u0001"') == b'"\\"\\u0001"'
     assert fold('"ÉTÉ"') == '"été"'.encode()
+
+
+def test_big_integers_stay_exact_in_a_payload_that_needs_redaction() -> None:
+    """Redaction must not round integers beyond 64 bits (the canonical rule: exact decimal)."""
+    from stepfork_otel.trace.canonical import canonical_json
+    from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
+
+    for value in (
+        {"n": 10**20, "q": "Bearer abcdefghijklmnop"},
+        {"n": -(10**30), "api_key": "x"},
+        {"list": [2**64, {"auth": "Basic dXNlcjpwYXNzd29yZA=="}]},
+    ):
+        redacted = DEFAULT_REDACTOR.redact_canonical(canonical_json(value))
+        assert "[REDACTED" in redacted
+        for number in (
+            "100000000000000000000",
+            "-1000000000000000000000000000000",
+            "18446744073709551616",
+        ):
+            if number in canonical_json(value):
+                assert number in redacted
