@@ -603,7 +603,7 @@ def test_big_integers_stay_exact_in_a_payload_that_needs_redaction() -> None:
     from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
 
     for value in (
-        {"n": 10**20, "q": "Bearer abcdefghijklmnop"},
+        {"n": 10**20, "q": "Bearer 8f3kT9qLmN2pR8sV4wY6"},
         {"n": -(10**30), "api_key": "x"},
         {"list": [2**64, {"auth": "Basic dXNlcjpwYXNzd29yZA=="}]},
     ):
