@@ -616,3 +616,40 @@ def test_big_integers_stay_exact_in_a_payload_that_needs_redaction() -> None:
         ):
             if number in canonical_json(value):
                 assert number in redacted
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("headers={'Cookie': 'sessionid=9f8e7d6c5b4a3210'}", "9f8e7d6c5b4a3210"),
+        ("headers={'Authorization': 'Token 7a6b5c4d3e2f1a0b'}", "7a6b5c4d3e2f1a0b"),
+        ('{"credentials": "admin:s3cr3t!"}', "s3cr3t"),
+        ("aws_access_key=XYZ1234567890", "XYZ1234567890"),
+        ("private_key: 'MIIEvQIBADANBgkq'", "MIIEvQIBADANBgkq"),
+    ],
+)
+def test_sensitive_keys_apply_inside_text(text: str, secret: str) -> None:
+    """The sensitive-key rule holds inside text too: exception messages, JSON held in strings
+    (found in review: Cookie/Authorization headers in a message reached the bundle)."""
+    from stepfork_otel.trace.canonical import canonical_json
+    from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
+
+    assert secret not in DEFAULT_REDACTOR.redact_message(text)
+    canonical = canonical_json({"error": text})
+    assert DEFAULT_REDACTOR.may_contain_secret(canonical)
+    assert secret not in DEFAULT_REDACTOR.redact_canonical(canonical)
+
+
+def test_user_keys_apply_inside_text() -> None:
+    from stepfork_otel.trace.canonical import canonical_json
+
+    redactor = Redactor().with_rules(keys=["ssn"])
+    assert redactor.redact({"body": '{"ssn": "078-05-1120"}'}) == {
+        "body": '{"ssn": "[REDACTED:sensitive_key]"}'
+    }
+    assert redactor.redact_message("lookup failed for ssn=078-05-1120") == (
+        "lookup failed for ssn=[REDACTED:sensitive_key]"
+    )
+    canonical = canonical_json({"body": '{"ssn": "078-05-1120"}'})
+    assert "078-05-1120" not in redactor.redact_canonical(canonical)
+    assert not redactor.may_contain_secret(canonical_json({"ssn_hint": "x"}))

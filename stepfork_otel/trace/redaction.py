@@ -115,6 +115,30 @@ def _p(
 # A credential after "Bearer"/"Basic" must not be a plain word ("basic information").
 _NOT_A_WORD = r"(?![A-Z]?[a-z]+(?![A-Za-z0-9+/=\-._~]))"
 
+
+def _assigned(*words: str) -> tuple[str, ...]:
+    """Folded needles for ``<word>`` followed by what an assignment puts after a key (``=``,
+    ``:`` or a quote; needles are matched in their escaped form, so ``"`` also finds ``\\"``):
+    tighter than the bare word, which fires on ``max_tokens`` or ``cookie_policy``."""
+    return tuple(word + after for word in words for after in ("=", ":", "'", '"'))
+
+
+def _assignment(name: str, words: str, *, triggers: tuple[str, ...]) -> SecretPattern:
+    """``<key> = value`` / ``"<key>": "value"`` / ``'<key>': 'value'`` inside text (connection
+    strings, env dumps, JSON held in a string -- even twice, ``\\"`` --, the repr of a dict in an
+    exception message): the sensitive-key rule, for text. A quoted value is replaced whole (up
+    to its closing quote, spaces included); a bare one up to a separator."""
+    return _p(
+        name,
+        rf"(?<![A-Za-z0-9])(?i:{words})"
+        r"(?:\\*[\"'])?\s*[=:]\s*(?:\\*[\"'])?"
+        r"(?P<secret>(?<=[\"'])[^\"'\\\n]{1,256}(?=\\*[\"'])"
+        # a bare value; an auth scheme word is left to the bearer/basic patterns
+        r"|(?!(?i:bearer|basic)\s)[^\s;&,\"'<>\\]{4,})",
+        triggers=triggers,
+    )
+
+
 #: The built-in secret patterns, most specific first (they are applied in this order).
 DEFAULT_PATTERNS: tuple[SecretPattern, ...] = (
     _p(
@@ -183,22 +207,18 @@ DEFAULT_PATTERNS: tuple[SecretPattern, ...] = (
         triggers=("://",),
         confirm=rb'://[^"]*@',
     ),
-    _p(
+    _assignment(
         "assigned_secret",
-        # `password=...`, `Pwd: ...`, `"api_key": "..."` inside text (connection strings, env
-        # dumps, JSON held in a string -- even twice, `\"` --, the repr of a dict in a message)
-        r"(?<![A-Za-z0-9])(?i:password|passwd|pwd|passphrase|secret|api[_\-]?key|token)"
-        r"(?:\\*[\"'])?\s*[=:]\s*(?:\\*[\"'])?(?P<secret>[^\s;&,\"'<>\\]{4,})",
+        r"password|passwd|pwd|passphrase|secret(?:[_\-]?key)?|api[_\-]?key|token|cookie"
+        r"|authorization|access[_\-]?key|private[_\-]?key|credentials?",
         triggers=(
             "passw",
             "pwd",
             "passphrase",
             "secret",
             "apikey",
-            "token=",
-            "token:",
-            "token'",
-            'token"',
+            *_assigned("token", "cookie", "authorization", "accesskey", "privatekey"),
+            *_assigned("credential", "credentials"),
         ),
     ),
 )
@@ -458,6 +478,10 @@ class Redactor:
             p if isinstance(p, SecretPattern) else SecretPattern(p[0], re.compile(p[1]))
             for p in patterns
         )
+        new_keys = tuple(_normalise_key(key) for key in keys if _normalise_key(key))
+        if new_keys:  # the same keys inside text: `ssn=...`, `{'ssn': '...'}` in a message
+            words = "|".join(re.escape(key) for key in sorted(set(new_keys)))
+            extra += (_assignment("sensitive_key", words, triggers=_assigned(*new_keys)),)
         return Redactor(
             patterns=self.patterns + extra, sensitive_keys=self.sensitive_keys + tuple(keys)
         )
