@@ -621,3 +621,58 @@ def test_nothing_named_in_a_bundle_is_imported() -> None:
         agent.run_dinner_agent(agent.PORTO)
     assert caught.value.error_type == error_type
     assert "stepfork_evil_module_zz" not in sys.modules
+
+
+def test_recorded_big_integers_are_substituted_exactly(recording: Recording) -> None:
+    from stepfork_otel import ReplaySession, record, trace_tool
+
+    @trace_tool
+    def balance(account: str) -> dict[str, Any]:
+        return {"account": account, "micros": 10**20 + 1}
+
+    path = recording.directory / "big.sftrace"
+    with record(path):
+        balance("acc-1")
+    with ReplaySession.from_trace(path) as replay:
+        value = balance("acc-1")
+        replay.verify_complete()
+    assert value == {"account": "acc-1", "micros": 10**20 + 1}
+    assert isinstance(value["micros"], int)
+
+
+def test_a_recorded_output_that_is_not_json_is_a_typed_missing_result(
+    recording: Recording,
+) -> None:
+    import hashlib
+
+    from stepfork_otel import ReplayMismatchError, ReplaySession, Trace, record, trace_tool
+    from stepfork_otel.trace.models import ToolResult
+
+    @trace_tool
+    def lookup(city: str) -> str:
+        return city.upper()
+
+    path = recording.directory / "bad.sftrace"
+    with record(path):
+        lookup("paris")
+    trace = Trace.load(path)
+    broken = "{not json"
+    events = [
+        e.model_copy(
+            update={
+                "output": broken,
+                "output_sha256": hashlib.sha256(broken.encode()).hexdigest(),
+                "output_size": len(broken),
+            }
+        )
+        if isinstance(e, ToolResult)
+        else e
+        for e in trace.events
+    ]
+    bad = trace.model_copy(update={"events": events})
+    with (
+        ReplaySession.from_trace(bad) as replay,
+        pytest.raises(ReplayMismatchError, match="is not valid JSON"),
+    ):
+        lookup("paris")
+    assert len(replay.errors) == 1

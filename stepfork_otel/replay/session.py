@@ -852,7 +852,16 @@ class ReplaySession:
             )
         value: Any = None
         if not isinstance(outcome, ErrorEvent):
-            value = payload_value(outcome.output)
+            try:
+                value = payload_value(outcome.output)
+            except ValueError:  # orjson.JSONDecodeError; a hand-built or damaged bundle
+                raise ReplayMismatchError(
+                    f"missing result: the recorded result of {expected.event.id} is not valid "
+                    "JSON, so replay cannot substitute it",
+                    position=position,
+                    expected=expected.describe(),
+                    actual=self._actual(call),
+                ) from None
             if isinstance(value, dict) and UNSERIALISABLE_MARKER in value and len(value) == 1:
                 raise ReplayMismatchError(
                     f"missing result: the recorded result of {expected.event.id} could not be "

@@ -12,6 +12,9 @@ re-serialises or even parses the payloads. Use :func:`payload_value` to get the 
 
 from __future__ import annotations
 
+import json
+import re
+
 import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -299,9 +302,17 @@ def _outcome_index(trace: Trace) -> dict[str, OutcomeEvent]:
     return index
 
 
+_LONG_DIGITS = re.compile(r"\d{19}")
+
+
 def payload_value(text: str | None) -> Any:
-    """The JSON value of a stored payload (None when absent)."""
-    return None if text is None else orjson.loads(text)
+    """The JSON value of a stored payload (None when absent). Integers beyond 64 bits stay
+    exact (orjson would read them as floats; the stdlib parser keeps them)."""
+    if text is None:
+        return None
+    if _LONG_DIGITS.search(text):
+        return json.loads(text)
+    return orjson.loads(text)
 
 
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
