@@ -38,7 +38,7 @@ from stepfork_otel._internal import handle_internal_errors, log_internal_error
 from stepfork_otel.record import settings as _settings
 from stepfork_otel.record.payload import Payload, capture
 from stepfork_otel.replay.context import BoundaryCall, ReplayDecision, current_session
-from stepfork_otel.trace.canonical import canonical_json, sha256_hex
+from stepfork_otel.trace.canonical import model_fingerprint
 from stepfork_otel.trace.policy import ReplayPolicy
 
 P = ParamSpec("P")
@@ -190,13 +190,6 @@ def qualified_name(cls: type) -> str:
     module = cls.__module__
     return (
         cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
-    )
-
-
-def model_fingerprint(provider: str, model: str, operation: str) -> str:
-    """SHA-256 of the canonical ``{"model", "operation", "provider"}`` of an LLM call."""
-    return sha256_hex(
-        canonical_json({"provider": provider, "model": model, "operation": operation})
     )
 
 

@@ -24,7 +24,7 @@ from typing import Literal
 
 from stepfork_otel.replay.errors import COMPUTED_FROM_TRACE, CallDescription
 from stepfork_otel.trace.bundle import Problem
-from stepfork_otel.trace.canonical import canonical_json, sha256_hex
+from stepfork_otel.trace.canonical import model_fingerprint, sha256_hex
 from stepfork_otel.trace.models import (
     ErrorEvent,
     LlmRequest,
@@ -98,14 +98,6 @@ class RecordedCall:
             output_sha256=self.output_sha256,
             operation=llm.operation if llm else None,
         )
-
-
-def model_fingerprint(provider: str, model: str, operation: str) -> str:
-    """SHA-256 of the canonical ``{"model", "operation", "provider"}`` of an LLM call (the same
-    definition the boundaries record)."""
-    return sha256_hex(
-        canonical_json({"provider": provider, "model": model, "operation": operation})
-    )
 
 
 def model_fingerprint_problems(trace: Trace) -> list[Problem]:

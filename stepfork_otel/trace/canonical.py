@@ -243,3 +243,11 @@ def fingerprint(value: Any) -> str:
 def unserialisable_marker(value: Any, reason: str) -> dict[str, str]:
     """The value recorded in place of one that has no canonical JSON form."""
     return {UNSERIALISABLE_MARKER: f"{_type_name(value)}: {reason}"}
+
+
+def model_fingerprint(provider: str, model: str, operation: str) -> str:
+    """SHA-256 of the canonical ``{"model", "operation", "provider"}`` of an LLM call: recorded
+    by the boundaries, checked by replay (one definition for both)."""
+    return sha256_hex(
+        canonical_json({"provider": provider, "model": model, "operation": operation})
+    )
