@@ -55,7 +55,6 @@ logger = logging.getLogger("stepfork_otel")
 #: The API's suppression key (set while the processor writes, so nothing it does is traced).
 _SUPPRESS_KEY = getattr(context_api, "_SUPPRESS_INSTRUMENTATION_KEY", "suppress_instrumentation")
 _STEPFORK_KINDS = (k.KIND_RUN, k.KIND_TOOL, k.KIND_LLM)
-_BOUNDARY_KINDS = (k.KIND_TOOL, k.KIND_LLM)
 
 
 def _attributes(span: ReadableSpan) -> dict[str, Any]:
@@ -390,8 +389,8 @@ class SftraceSpanProcessor(SpanProcessor):
             ids = subtree(entry.parents(), root_id)
         jobs: list[_Job] = []
         has_boundary = write and (
-            any(_kind(entry.ended[i][0]) in _BOUNDARY_KINDS for i in ids if i in entry.ended)
-            or any(_kind(entry.open[i]) in _BOUNDARY_KINDS for i in ids if i in entry.open)
+            any(_kind(entry.ended[i][0]) in k.BOUNDARY_KINDS for i in ids if i in entry.ended)
+            or any(_kind(entry.open[i]) in k.BOUNDARY_KINDS for i in ids if i in entry.open)
         )
         if has_boundary:
             path = self._path_for(trace_id, None, final=True)
@@ -456,7 +455,7 @@ class SftraceSpanProcessor(SpanProcessor):
             if path is not None:
                 jobs.append(self._job(trace_id, entry, run_id, ids, path, final=False))
         rest = set(spans) - covered
-        if any(_kind(spans[i]) in _BOUNDARY_KINDS for i in rest):
+        if any(_kind(spans[i]) in k.BOUNDARY_KINDS for i in rest):
             path = self._path_for(trace_id, None, final=False)
             if path is not None:
                 jobs.append(self._job(trace_id, entry, None, rest, path, final=False))

@@ -214,7 +214,7 @@ def _prepare_tool(
         k.REPLAY_POLICY: policy.value,
         k.GEN_AI_OPERATION_NAME: k.OP_EXECUTE_TOOL,
         k.GEN_AI_TOOL_NAME: name,
-        k.OPENINFERENCE_SPAN_KIND: "TOOL",
+        k.OPENINFERENCE_SPAN_KIND: k.OI_KIND_TOOL,
     }
     return _Prepared(call, f"{k.OP_EXECUTE_TOOL} {name}", SpanKind.INTERNAL, attributes)
 
@@ -242,7 +242,7 @@ def _prepare_llm(
         k.GEN_AI_PROVIDER_NAME: provider,
         k.GEN_AI_REQUEST_MODEL: model,
         k.MODEL_FINGERPRINT: fingerprint,
-        k.OPENINFERENCE_SPAN_KIND: "LLM",
+        k.OPENINFERENCE_SPAN_KIND: k.OI_KIND_LLM,
     }
     return _Prepared(call, f"{operation} {model}", SpanKind.CLIENT, attributes)
 
@@ -574,7 +574,7 @@ def llm_request(
     model: str,
     input: Any,
     call: Callable[[], R],
-    operation: str = "chat",
+    operation: str = k.OP_CHAT,
     response_type: Any = None,
     replay_policy: ReplayPolicy | str = ReplayPolicy.REPLAYABLE,
 ) -> R:
@@ -603,7 +603,7 @@ async def allm_request(
     model: str,
     input: Any,
     call: Callable[[], Awaitable[R]],
-    operation: str = "chat",
+    operation: str = k.OP_CHAT,
     response_type: Any = None,
     replay_policy: ReplayPolicy | str = ReplayPolicy.REPLAYABLE,
 ) -> R:
