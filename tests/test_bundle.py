@@ -201,13 +201,45 @@ def make_trace(**kwargs: Any) -> Trace:
 
 
 def _bundle_dict(trace: Trace | None = None) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads(dump_trace(trace or make_trace()))
+    """The bundle as one object (payloads inline), for tests to edit; :func:`_jsonl` writes it
+    back in the bundle layout."""
+    result: dict[str, Any] = (trace or make_trace()).model_dump(mode="json", exclude_none=True)
     return result
+
+
+def _jsonl(data: dict[str, Any]) -> bytes:
+    """The bundle layout for a (possibly broken) bundle given as one object: header line, run
+    payload lines, each event line followed by its payload line, end line. Only payloads that are
+    strings move to their own line; any other value stays where it was, so a broken value is
+    written as it is."""
+    events = data.get("events")
+    head = {k: v for k, v in data.items() if k != "events" or not isinstance(v, list)}
+    lines: list[bytes] = []
+
+    def take_payloads(obj: dict[str, Any]) -> list[bytes]:
+        found = []
+        for key in ("input", "output"):
+            if isinstance(obj.get(key), str):
+                found.append(b'{"%s":%s}' % (key.encode(), obj.pop(key).encode("utf-8")))
+        return found
+
+    if isinstance(head.get("run"), dict):
+        head["run"] = dict(head["run"])
+        payloads = take_payloads(head["run"])
+    else:
+        payloads = []
+    lines += [orjson.dumps(head), *payloads]
+    for event in events if isinstance(events, list) else []:
+        event = dict(event)
+        payloads = take_payloads(event)
+        lines += [orjson.dumps(event), *payloads]
+    lines.append(b'{"end":"sftrace","events":%d}' % len(events if isinstance(events, list) else []))
+    return b"\n".join(lines) + b"\n"
 
 
 def _write(path: Path, data: dict[str, Any] | bytes | str) -> Path:
     if isinstance(data, dict):
-        path.write_bytes(orjson.dumps(data))
+        path.write_bytes(_jsonl(data))
     elif isinstance(data, str):
         path.write_text(data, encoding="utf-8")
     else:
@@ -244,18 +276,38 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
     assert load_any(str(path)) == trace
 
 
-def test_layout_is_header_then_one_event_per_line(tmp_path: Path) -> None:
+def test_layout_is_json_lines_with_payloads_on_their_own_lines(tmp_path: Path) -> None:
     trace = make_trace()
     trace.save(tmp_path / "run.sftrace")
-    lines = (tmp_path / "run.sftrace").read_text(encoding="utf-8").splitlines()
+    data = (tmp_path / "run.sftrace").read_bytes()
+    assert data.endswith(b"\n")
+    lines = data.decode("utf-8").split("\n")[:-1]
+    parsed = [json.loads(line) for line in lines]  # every line is one JSON value
     assert lines[0].startswith('{"format":"sftrace","format_version":1,"trace_id":')
-    assert lines[1].startswith('"context":[')
-    assert lines[2] == '"events":['
-    assert [json.loads(line.rstrip(","))["id"] for line in lines[3:-1]] == [
-        e.id for e in trace.events
+    assert '"context":[' in lines[0]
+    assert '"events"' not in lines[0]
+    assert "input" not in parsed[0]["run"]
+    assert "output" not in parsed[0]["run"]
+    # the run's payloads, then each event followed by its payload, verbatim (not escaped)
+    assert lines[1] == '{"input":' + (trace.run.input or "") + "}"
+    assert lines[2] == '{"output":' + (trace.run.output or "") + "}"
+    expected: list[str] = []
+    for event in trace.events:
+        expected.append(f"event {event.id}")
+        text = event.input if isinstance(event, (ToolCall, LlmRequest)) else event.output
+        key = "input" if isinstance(event, (ToolCall, LlmRequest)) else "output"
+        expected.append("{" + f'"{key}":' + (text or "") + "}")
+    seen = [
+        f"event {obj['id']}" if line.startswith('{"type":') else line
+        for line, obj in zip(lines[3:-1], parsed[3:-1], strict=True)
     ]
-    assert all(line.startswith('{"type":') for line in lines[3:-1])
-    assert lines[-1] == "]}"
+    assert seen == expected
+    assert all("input" not in obj and "output" not in obj for obj in parsed[3:-1:2])
+    assert parsed[-1] == {"end": "sftrace", "events": len(trace.events)}
+    # the payload line holds exactly the text that was hashed
+    assert hashlib.sha256(lines[4][len('{"input":') : -1].encode()).hexdigest() == (
+        trace.events[0].input_sha256
+    )
 
 
 def test_saving_is_deterministic(tmp_path: Path) -> None:
@@ -348,7 +400,7 @@ BROKEN: dict[str, tuple[Callable[[Path], Path], str]] = {
     ),
     "truncated bundle": (
         lambda d: _write(d / "t.sftrace", _cut(dump_trace(make_trace()))),
-        "not valid JSON (truncated or not a bundle)",
+        'truncated bundle (no end line {"end":"sftrace",...})',
     ),
     "truncated gzip": (
         lambda d: _write(d / "t.sftrace.gz", _cut(gzip.compress(dump_trace(make_trace())))),
@@ -360,33 +412,33 @@ BROKEN: dict[str, tuple[Callable[[Path], Path], str]] = {
     ),
     "wrong type: seq as text": (
         lambda d: _write(d / "s.sftrace", _edit_event(2, seq="2")),
-        "invalid bundle at events.2.tool_call.seq: Input should be a valid integer",
+        "line 8: invalid bundle at events.2.tool_call.seq: Input should be a valid integer",
     ),
     "wrong type: complete as text": (
         lambda d: _write(d / "c.sftrace", {**_bundle_dict(), "complete": "yes"}),
-        "invalid bundle at complete: Input should be a valid boolean",
+        "line 1: invalid bundle at complete: Input should be a valid boolean",
     ),
     "wrong type: events not a list": (
         lambda d: _write(d / "e.sftrace", {**_bundle_dict(), "events": {"a": 1}}),
-        "invalid bundle at events: Input should be a valid array",
+        "line 1: events belong on their own lines, not in the header",
     ),
     "wrong type: payload as an object": (
         lambda d: _write(d / "p.sftrace", _edit_event(2, input={"city": "Lisbon"})),
-        "invalid bundle at events.2.tool_call.input: Input should be a valid string",
+        "line 8: invalid bundle at events.2.tool_call.input: Input should be a valid string",
     ),
     "missing required field": (
         lambda d: _write(
             d / "m.sftrace", {k: v for k, v in _bundle_dict().items() if k != "trace_id"}
         ),
-        "invalid bundle at trace_id: Field required",
+        "line 1: invalid bundle at trace_id: Field required",
     ),
     "unknown field": (
         lambda d: _write(d / "u.sftrace", _edit_event(0, shell="rm -rf /")),
-        "invalid bundle at events.0.llm_request.shell: Extra inputs are not permitted",
+        "line 4: invalid bundle at events.0.llm_request.shell: Extra inputs are not permitted",
     ),
     "unknown event type": (
         lambda d: _write(d / "x.sftrace", _edit_event(2, type="shell_command")),
-        "invalid bundle at events.2: unknown event type 'shell_command' (expected one of "
+        "line 8: invalid bundle at events.2: unknown event type 'shell_command' (expected one of "
         "'tool_call', 'tool_result', 'llm_request', 'llm_response', 'error')",
     ),
     "unknown replay policy": (
@@ -540,6 +592,137 @@ def test_strings_that_look_like_code_are_only_data(tmp_path: Path) -> None:
     assert payload_value(trace.events[2].input) == {"cmd": payloads}  # type: ignore[union-attr]
     assert trace.run.entrypoint == "os:system"
     assert not pwned.exists()
+
+
+# --- hostile lines (the JSON Lines layout) ---------------------------------------------------------
+
+
+def _lines() -> list[bytes]:
+    """The bundle's lines: 0 header, 1 run input, 2 run output, 3 call-1 (llm_request), 4 its
+    input, 5 call-1.result, 6 its output, 7 call-2 (tool_call), 8 its input, ..."""
+    return dump_trace(make_trace()).split(b"\n")[:-1]
+
+
+def _joined(lines: list[bytes]) -> bytes:
+    return b"\n".join(lines) + b"\n"
+
+
+def _replace(lines: list[bytes], index: int, line: bytes) -> bytes:
+    return _joined([*lines[:index], line, *lines[index + 1 :]])
+
+
+_L = _lines()
+_SRC = _joined(_L)
+HOSTILE: dict[str, tuple[bytes, str]] = {
+    "truncated mid-file": (_SRC[: len(_SRC) // 2], "truncated bundle (no end line"),
+    "truncated at a line end": (_joined(_L[:10]), "truncated bundle (no end line"),
+    "seq as string": (
+        _SRC.replace(b'"seq":1,', b'"seq":"1",', 1),
+        "line 4: invalid bundle at events.0.llm_request.seq: Input should be a valid integer",
+    ),
+    "unknown field": (
+        _SRC.replace(b'"seq":1,', b'"seq":1,"x":1,', 1),
+        "line 4: invalid bundle at events.0.llm_request.x: Extra inputs are not permitted",
+    ),
+    "unknown event type": (
+        _SRC.replace(b'{"type":"llm_request"', b'{"type":"eval_me"', 1),
+        "line 4: invalid bundle at events.0: unknown event type 'eval_me'",
+    ),
+    "payload inside the event line": (
+        _SRC.replace(b'"seq":1,', b'"seq":1,"input":"{}",', 1),
+        "line 4: event call-1: its payload belongs on its own line",
+    ),
+    "payload without its wrapper": (
+        _replace(_L, 4, _L[4][len(b'{"input":') : -1]),
+        "line 5: not an event, payload or end line",
+    ),
+    "payload after the wrong kind of event": (
+        _replace(_L, 4, b'{"output":' + _L[4][len(b'{"input":') :]),
+        "line 5: event call-1: an output payload line cannot follow a llm_request event",
+    ),
+    "two payload lines for one event": (
+        _joined([*_L[:5], _L[4], *_L[5:]]),
+        "line 6: a payload line must follow its event line (one payload per event)",
+    ),
+    "payload not UTF-8": (
+        _replace(_L, 4, _L[4][:-2] + b"\xff}"),
+        "line 5: payload is not UTF-8",
+    ),
+    "not a bundle": (b'{"hello":1}\n', 'not a .sftrace bundle (no "format": "sftrace" field)'),
+    "empty": (b"", "empty file, not a .sftrace bundle"),
+    "data after the end line": (_SRC + b'{"type":"tool_call"}\n', "data after the end line"),
+    "blank line": (
+        _joined([*_L[:5], b"", *_L[5:]]),
+        "line 6: not an event, payload or end line",
+    ),
+    "end line with the wrong count": (
+        _SRC.replace(b'"events":10}', b'"events":9}'),
+        "end line does not match: it declares 9 events, found 10",
+    ),
+    "payload line without its closing brace": (
+        _replace(_L, 8, _L[8][:-1] + b" "),
+        "line 9: a payload line must end with '}'",
+    ),
+    "run input twice": (
+        _joined([_L[0], _L[1], _L[1], *_L[3:]]),
+        "line 3: a second run input",
+    ),
+    "run input inside the header": (
+        _replace(_L, 0, _L[0].replace(b'"run":{', b'"run":{"input":"{}",', 1)),
+        "line 1: the run's input/output belong on their own lines",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE), ids=list(HOSTILE))
+def test_hostile_lines_give_a_one_line_bundle_error(tmp_path: Path, case: str) -> None:
+    data, reason = HOSTILE[case]
+    pwned = tmp_path / "pwned"
+    error = _load_error(_write(tmp_path / "h.sftrace", data))
+    assert reason in str(error)
+    with pytest.raises(BundleError) as info:
+        parse_trace(data)
+    assert str(info.value) == "<trace>: " + error.reason
+    assert not pwned.exists()
+
+
+def test_a_tampered_payload_line_loads_and_fails_verification(tmp_path: Path) -> None:
+    """Fingerprinted payload lines are not parsed at load: an edit, even one that leaves the
+    payload invalid JSON (a closing brace cut), is what verification finds."""
+    assert _L[4].count(b"Lisbon for 2") == 1
+    edited = _replace(_L, 4, _L[4].replace(b"Lisbon for 2", b"Lisbon for 3"))
+    cut = _replace(_L, 8, _L[8][:-1])
+    for name, data, event in (("t", edited, "call-1"), ("c", cut, "call-2")):
+        trace = Trace.load(_write(tmp_path / f"{name}.sftrace", data))
+        assert [(p.event_id, p.message.split(":")[0]) for p in verify_integrity(trace)] == [
+            (event, "input fingerprint mismatch")
+        ]
+
+
+def test_a_payload_without_a_fingerprint_must_be_json(tmp_path: Path) -> None:
+    data = _bundle_dict(make_trace(fingerprints=False))
+    data["events"][2]["input"] = '{"city": Lisbon}'
+    error = _load_error(_write(tmp_path / "p.sftrace", data))
+    assert "line 9: payload is not valid JSON" in str(error)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 7, 64, 1000])
+def test_chunk_boundaries_anywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Files are read a chunk at a time: a line (or an event and its payload line) cut by a
+    chunk's end reads the same, and errors name the same line."""
+    plain = save_trace(make_trace(), tmp_path / "run.sftrace")
+    gz = save_trace(make_trace(), tmp_path / "run.sftrace.gz")
+    broken = _write(tmp_path / "b.sftrace", HOSTILE["two payload lines for one event"][0])
+    expected = str(_load_error(broken))
+    monkeypatch.setattr(bundle, "_CHUNK", chunk)
+    assert Trace.load(plain) == make_trace()
+    assert Trace.load(gz) == make_trace()
+    assert str(_load_error(broken)) == expected
+    assert "payload is not UTF-8" in str(
+        _load_error(_write(tmp_path / "u.sftrace", HOSTILE["payload not UTF-8"][0]))
+    )
 
 
 # --- integrity -----------------------------------------------------------------------------------

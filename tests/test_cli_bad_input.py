@@ -52,7 +52,7 @@ def _cases(d: Path, good: Path) -> dict[str, Case]:
         "empty": (d / "empty.sftrace", "empty file, not a .sftrace bundle"),
         "text": (d / "notes.txt", "notes.txt: not valid JSON (truncated or not a bundle)"),
         "json": (d / "other.json", 'not a .sftrace bundle (no "format": "sftrace" field)'),
-        "truncated": (d / "truncated.sftrace", "truncated.sftrace: not valid JSON (truncated"),
+        "truncated": (d / "truncated.sftrace", "truncated.sftrace: truncated bundle (no end line"),
         "newer": (d / "newer.sftrace", "format version 99 is newer than this stepfork_otel"),
     }
     cases: dict[str, Case] = {}

@@ -23,8 +23,8 @@ def test_tampered_payload_is_invalid_only_with_verify_integrity(
 ) -> None:
     tampered = tmp_path / "tampered.sftrace"
     text = bundles.failure.read_text()
-    assert text.count('\\"max_results\\":5') == 1
-    tampered.write_text(text.replace('\\"max_results\\":5', '\\"max_results\\":6'))
+    assert text.count('"max_results":5') == 1  # payload lines hold the canonical JSON verbatim
+    tampered.write_text(text.replace('"max_results":5', '"max_results":6'))
     assert stepfork("validate", tampered).returncode == 0
     result = stepfork("validate", tampered, "--verify-integrity")
     assert result.returncode == 1
@@ -60,8 +60,11 @@ def test_structure_problem(bundles: Bundles, tmp_path: Path) -> None:
 def test_missing_result_is_a_warning(bundles: Bundles, tmp_path: Path) -> None:
     lines = bundles.failure.read_text().splitlines()
     cut = tmp_path / "cut.sftrace"
-    kept = [line for line in lines if not line.startswith('{"type":"error"')]
-    kept[-2] = kept[-2].rstrip(",")  # the last event line before "]}"
+    error = next(n for n, line in enumerate(lines) if line.startswith('{"type":"error"'))
+    assert lines[error + 1].startswith('{"output":')  # the error event's payload line
+    kept = lines[:error] + lines[error + 2 :]
+    assert kept[-1] == '{"end":"sftrace","events":8}'
+    kept[-1] = '{"end":"sftrace","events":7}'
     cut.write_text("\n".join(kept) + "\n")
     result = stepfork("validate", cut)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -14,11 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-from typing import Any
-
-import orjson
-from pydantic import ValidationError
 
 from stepfork_otel.cli._common import (
     EXIT_BAD_INPUT,
@@ -28,18 +23,17 @@ from stepfork_otel.cli._common import (
     add_common_arguments,
     print_error,
 )
-from stepfork_otel.constants import FORMAT_NAME
 from stepfork_otel.trace.bundle import (
     BundleError,
     BundleVersionError,
     Problem,
-    _read,
     missing_payloads,
-    parse_trace,
+    read_trace,
+    schema_problems,
     validate_structure,
     verify_integrity,
 )
-from stepfork_otel.trace.models import TRACE_ADAPTER, Trace
+from stepfork_otel.trace.models import Trace
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -60,50 +54,17 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add_common_arguments(parser)
 
 
-def _schema_problems(data: bytes, exc: ValidationError) -> list[Problem]:
-    obj: Any = orjson.loads(data)
-    events = obj.get("events") if isinstance(obj, dict) else None
-    problems: list[Problem] = []
-    for err in exc.errors(include_url=False):
-        loc = list(err["loc"])
-        event_id: str | None = None
-        if len(loc) >= 2 and loc[0] == "events" and isinstance(loc[1], int):
-            index = loc[1]
-            raw = events[index] if isinstance(events, list) and index < len(events) else None
-            raw_id = raw.get("id") if isinstance(raw, dict) else None
-            event_id = raw_id if isinstance(raw_id, str) else f"events[{index}]"
-            if len(loc) > 2 and isinstance(raw, dict) and loc[2] == raw.get("type"):
-                loc = loc[3:]  # drop the union tag pydantic puts in the location
-            else:
-                loc = loc[2:]
-        where = ".".join(str(p) for p in loc) or "event"
-        problems.append(Problem(event_id, f"{where}: {err['msg']}"))
-    return problems
-
-
-def _is_bundle_json(data: bytes) -> bool:
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(obj, dict) and obj.get("format") == FORMAT_NAME
-
-
 def check(path: str, verify: bool) -> tuple[Trace | None, list[Problem], list[Problem]]:
     """(trace, problems, warnings) for one bundle; raises BundleError when it is unreadable."""
-    data = _read(Path(path))
     try:
-        trace = parse_trace(data, path)
+        trace = read_trace(path)
     except BundleVersionError:
         raise
     except BundleError:
-        if not _is_bundle_json(data):
-            raise  # not JSON, truncated, not a bundle: unreadable
-        try:
-            TRACE_ADAPTER.validate_json(data)
-        except ValidationError as exc:
-            return None, _schema_problems(data, exc), []
-        raise
+        problems = schema_problems(path)
+        if problems:
+            return None, problems, []
+        raise  # not JSON, truncated, not a bundle, lines out of place: unreadable
     problems = validate_structure(trace)
     if verify:
         problems += verify_integrity(trace)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-
 import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator

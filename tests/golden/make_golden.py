@@ -71,6 +71,7 @@ from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from stepfork_otel import configure, record  # noqa: E402
 from stepfork_otel.trace.bundle import parse_trace, save_trace  # noqa: E402
 from stepfork_otel.trace.canonical import canonical_json  # noqa: E402
+from stepfork_otel.trace.models import TRACE_ADAPTER  # noqa: E402
 
 Event = dict[str, Any]
 BASE = HERE / "dinner_lisbon.sftrace"
@@ -133,14 +134,17 @@ def record_runs() -> None:
 
 
 def _load(path: Path) -> dict[str, Any]:
-    data: dict[str, Any] = orjson.loads(path.read_bytes())
+    """The bundle as one JSON object, payloads inline (the edits below work on that)."""
+    data: dict[str, Any] = parse_trace(path.read_bytes(), path).model_dump(
+        mode="json", exclude_none=True
+    )
     return data
 
 
 def _save(bundle: dict[str, Any], name: str) -> None:
     _renumber(bundle)
     # parsed through the model: every golden bundle is schema-valid, whatever else is wrong with it
-    save_trace(parse_trace(orjson.dumps(bundle)), HERE / name)
+    save_trace(TRACE_ADAPTER.validate_json(orjson.dumps(bundle), strict=True), HERE / name)
 
 
 def _renumber(bundle: dict[str, Any]) -> None:
