@@ -933,3 +933,20 @@ def test_loading_restores_the_garbage_collector(tmp_path: Path) -> None:
         assert not gc.isenabled()  # a caller that had it off keeps it off
     finally:
         gc.enable()
+
+
+def test_verify_integrity_checks_model_fingerprints(tmp_path: Path) -> None:
+    """`stepfork validate --verify-integrity` and replay use the same check (found in review:
+    only replay compared model fingerprints)."""
+    from examples import booking_agent
+
+    out = tmp_path / "out"
+    booking_agent.main(str(out))
+    trace = Trace.load(out / "failure.sftrace")
+    events = [
+        e.model_copy(update={"model": "gpt-4.1"}) if isinstance(e, LlmRequest) else e
+        for e in trace.events
+    ]
+    problems = verify_integrity(trace.model_copy(update={"events": events}))
+    assert [p.event_id for p in problems] == ["call-1", "call-3"]
+    assert all("model fingerprint mismatch" in p.message for p in problems)

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from stepfork_otel.replay.errors import COMPUTED_FROM_TRACE, CallDescription
-from stepfork_otel.trace.bundle import Problem
-from stepfork_otel.trace.canonical import model_fingerprint, sha256_hex
+from stepfork_otel.trace.canonical import sha256_hex
 from stepfork_otel.trace.models import (
     ErrorEvent,
     LlmRequest,
@@ -98,28 +97,6 @@ class RecordedCall:
             output_sha256=self.output_sha256,
             operation=llm.operation if llm else None,
         )
-
-
-def model_fingerprint_problems(trace: Trace) -> list[Problem]:
-    """Stored model fingerprints that do not match their call's provider, model and operation."""
-    problems: list[Problem] = []
-    computed_by_model: dict[tuple[str, str, str], str] = {}  # a run uses few models
-    for event in trace.events:
-        if isinstance(event, LlmRequest) and event.model_fingerprint is not None:
-            key = (event.provider, event.model, event.operation)
-            computed = computed_by_model.get(key)
-            if computed is None:
-                computed = computed_by_model[key] = model_fingerprint(*key)
-            if computed != event.model_fingerprint:
-                problems.append(
-                    Problem(
-                        event.id,
-                        f"model fingerprint mismatch: stored {event.model_fingerprint[:12]}…, "
-                        f"{event.provider}/{event.model} ({event.operation}) hashes to "
-                        f"{computed[:12]}…",
-                    )
-                )
-    return problems
 
 
 def build_plan(trace: Trace) -> list[RecordedCall]:

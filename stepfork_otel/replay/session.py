@@ -53,7 +53,6 @@ from stepfork_otel.replay.plan import (
     RecordedCall,
     build_plan,
     descendants,
-    model_fingerprint_problems,
 )
 from stepfork_otel.replay.values import rebuild
 from stepfork_otel.trace.bundle import BundleError, load_any, validate_structure, verify_integrity
@@ -255,7 +254,7 @@ def _checked_plan(trace: Trace, source: str | None, structure_checked: bool) -> 
     if structure:
         more = f" (and {len(structure) - 1} more)" if len(structure) > 1 else ""
         raise BundleError(source, f"inconsistent bundle: {structure[0]}{more}")
-    problems = verify_integrity(trace) + model_fingerprint_problems(trace)
+    problems = verify_integrity(trace)
     if problems:
         raise BundleIntegrityError(source, [str(p) for p in problems])
     return build_plan(trace)

@@ -51,7 +51,7 @@ import orjson
 from pydantic import TypeAdapter, ValidationError
 
 from stepfork_otel.constants import FORMAT_NAME, FORMAT_VERSION
-from stepfork_otel.trace.canonical import canonical_json
+from stepfork_otel.trace.canonical import canonical_json, model_fingerprint
 from stepfork_otel.trace.models import (
     EVENT_ADAPTER,
     TRACE_ADAPTER,
@@ -751,19 +751,40 @@ def _check(
 
 
 def verify_integrity(trace: Trace) -> list[Problem]:
-    """Every stored fingerprint checked against its stored payload (one SHA-256 each)."""
+    """Every stored fingerprint checked against what it fingerprints: payloads (one SHA-256
+    each), error fields against their fingerprinted output, model fingerprints against the
+    call's provider, model and operation."""
     checks: list[Problem | None] = [
         _check(trace.run.input, trace.run.input_sha256, "run input", None),
         _check(trace.run.output, trace.run.output_sha256, "run output", None),
     ]
+    models: dict[tuple[str, str, str], str] = {}  # a run uses few models
     for event in trace.events:
         if isinstance(event, (ToolCall, LlmRequest)):
             checks.append(_check(event.input, event.input_sha256, "input", event.id))
+            if isinstance(event, LlmRequest) and event.model_fingerprint is not None:
+                checks.append(_model_fingerprint_matches(event, models))
         else:
             checks.append(_check(event.output, event.output_sha256, "output", event.id))
             if isinstance(event, ErrorEvent) and event.output is not None:
                 checks.append(_error_fields_match(event))
     return [p for p in checks if p is not None]
+
+
+def _model_fingerprint_matches(
+    event: LlmRequest, models: dict[tuple[str, str, str], str]
+) -> Problem | None:
+    key = (event.provider, event.model, event.operation)
+    computed = models.get(key)
+    if computed is None:
+        computed = models[key] = model_fingerprint(*key)
+    if computed == event.model_fingerprint:
+        return None
+    return Problem(
+        event.id,
+        f"model fingerprint mismatch: stored {(event.model_fingerprint or '')[:12]}…, "
+        f"{event.provider}/{event.model} ({event.operation}) hashes to {computed[:12]}…",
+    )
 
 
 def _error_fields_match(event: ErrorEvent) -> Problem | None:

@@ -7,7 +7,9 @@ can use it, and a test fails when it goes stale. Regenerate it with::
 
     python -m stepfork_otel.trace.schema > docs/sftrace.schema.json
 
-The schema describes what ``Trace.load`` accepts structurally; what it cannot express (event ids
+The schema describes the run as one object -- what ``Trace.load`` returns; on disk the same
+content is laid out as JSON Lines with each payload on its own line (``docs/bundle-format.md``) --
+and what it accepts structurally; what it cannot express (event ids
 unique, parents earlier in the list, one outcome per call, fingerprints matching payloads) is
 checked by :func:`~stepfork_otel.trace.bundle.validate_structure` and
 :func:`~stepfork_otel.trace.bundle.verify_integrity`.
@@ -44,8 +46,10 @@ def trace_json_schema() -> dict[str, Any]:
             "One recorded run of an AI agent: its input and output, the ordered boundary events "
             "(tool_call, tool_result, llm_request, llm_response, error) and the user's own spans "
             "around them. Payloads are the exact redacted canonical JSON text that their SHA-256 "
-            "fingerprints hash. Generated from the pydantic models of stepfork_otel; a gzipped "
-            "bundle is the same document compressed."
+            "fingerprints hash. This schema describes the run as one object (what Trace.load "
+            "returns); on disk the same content is laid out as JSON Lines, with each payload on "
+            "its own line (see docs/bundle-format.md). Generated from the pydantic models of "
+            "stepfork_otel."
         ),
         **generated,
     }
