@@ -799,30 +799,33 @@ def test_legacy_pairing_rules_for_repeated_and_nested_tools() -> None:
             id=f"e{n}", trace_id=TRACE_ID, span_id=f"{n:016x}", seq=n, error_type="E", message=""
         )
 
-    # A, A (started before the first returned), B; results: A, B, A; then an error.
+    # DESIGN.md: a tool call takes the next unpaired result of the same tool name *before that
+    # tool is called again*. A, A (called again before any result), B; results: A, B; C; an
+    # error; two more A results.
     events: list[Event] = [
         call(1, "a"),
-        call(2, "a"),
+        call(2, "a"),  # closes c1: it never gets a result
         call(3, "b"),
-        result(10, "a"),  # the oldest unpaired "a": c1
+        result(10, "a"),  # the open "a": c2
         result(11, "b"),
         call(4, "c"),
         error(12),  # the most recent unpaired call: c4
-        result(13, "a"),  # c2
-        result(14, "a"),  # no unpaired "a" left
+        result(13, "a"),  # no open "a" (c2 has its result, c1 was closed)
+        result(14, "a"),
     ]
     trace = Trace(trace_id=TRACE_ID, events=events)
     pairs = [(o.id, c.id if c else None) for o, c in pair_outcomes(trace.events)]
-    assert pairs == [("r10", "c1"), ("r11", "c3"), ("e12", "c4"), ("r13", "c2"), ("r14", None)]
+    assert pairs == [("r10", "c2"), ("r11", "c3"), ("e12", "c4"), ("r13", None), ("r14", None)]
     plan = build_plan(trace)
     assert [(rc.event.id, getattr(rc.outcome, "id", None)) for rc in plan] == [
-        ("c1", "r10"),
-        ("c2", "r13"),
+        ("c1", None),
+        ("c2", "r10"),
         ("c3", "r11"),
         ("c4", "e12"),
     ]
     assert [str(p) for p in validate_structure(trace)] == [
-        "r14: outcome without parent_id matches no earlier tool"
+        "r13: outcome without parent_id matches no earlier tool",
+        "r14: outcome without parent_id matches no earlier tool",
     ]
 
 

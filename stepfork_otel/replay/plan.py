@@ -25,13 +25,11 @@ from typing import Literal
 from stepfork_otel.replay.errors import COMPUTED_FROM_TRACE, CallDescription
 from stepfork_otel.trace.canonical import sha256_hex
 from stepfork_otel.trace.models import (
-    ErrorEvent,
     LlmRequest,
-    LlmResponse,
     OutcomeEvent,
     ToolCall,
-    ToolResult,
     Trace,
+    pair_outcomes,
 )
 from stepfork_otel.trace.policy import ReplayPolicy
 
@@ -100,29 +98,31 @@ class RecordedCall:
 
 
 def build_plan(trace: Trace) -> list[RecordedCall]:
-    """The recorded calls of ``trace`` in start order, paired with outcomes, nesting resolved."""
+    """The recorded calls of ``trace`` in start order, paired with outcomes, nesting resolved.
+    Outcomes are paired by :func:`~stepfork_otel.trace.models.pair_outcomes`, the one pairing
+    rule (``parent_id``, or the legacy rule for bundles without it)."""
+    outcome_of: dict[str, OutcomeEvent] = {}
+    for outcome, paired_call in pair_outcomes(trace.events):
+        if paired_call is not None:
+            outcome_of.setdefault(paired_call.id, outcome)
     calls: list[RecordedCall] = []
     by_id: dict[str, RecordedCall] = {}
-    unpaired: list[RecordedCall] = []  # calls without an outcome yet (few: the open ones)
     for event in trace.events:
-        if isinstance(event, (ToolCall, LlmRequest)):
-            parent = by_id.get(event.parent_id) if event.parent_id else None
-            rc = RecordedCall(len(calls), event, None, parent.index if parent else None)
-            if parent is not None:
-                parent.children.append(rc.index)
-            if event.input_sha256 is None and event.input is not None:
-                rc.input_sha256 = sha256_hex(event.input)
-                rc.fingerprint_source = COMPUTED_FROM_TRACE
-            else:
-                rc.input_sha256 = event.input_sha256
-            calls.append(rc)
-            by_id[event.id] = rc
-            unpaired.append(rc)
+        if not isinstance(event, (ToolCall, LlmRequest)):
             continue
-        target = by_id.get(event.parent_id) if event.parent_id else _legacy_pair(event, unpaired)
-        if target is not None and target.outcome is None:
-            target.outcome = event
-            unpaired.remove(target)
+        parent = by_id.get(event.parent_id) if event.parent_id else None
+        rc = RecordedCall(
+            len(calls), event, outcome_of.get(event.id), parent.index if parent else None
+        )
+        if parent is not None:
+            parent.children.append(rc.index)
+        if event.input_sha256 is None and event.input is not None:
+            rc.input_sha256 = sha256_hex(event.input)
+            rc.fingerprint_source = COMPUTED_FROM_TRACE
+        else:
+            rc.input_sha256 = event.input_sha256
+        calls.append(rc)
+        by_id[event.id] = rc
     return calls
 
 
@@ -133,19 +133,3 @@ def descendants(plan: list[RecordedCall], call: RecordedCall) -> Iterator[Record
         inner = plan[stack.pop()]
         yield inner
         stack.extend(reversed(inner.children))
-
-
-def _legacy_pair(event: OutcomeEvent, unpaired: list[RecordedCall]) -> RecordedCall | None:
-    for rc in unpaired:
-        if isinstance(event, ToolResult) and isinstance(rc.event, ToolCall):
-            if rc.event.name == event.name:
-                return rc
-        elif (
-            isinstance(event, LlmResponse)
-            and isinstance(rc.event, LlmRequest)
-            and rc.event.model == event.model
-        ):
-            return rc
-    if isinstance(event, ErrorEvent):
-        return unpaired[-1] if unpaired else None
-    return None

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import re
 import weakref
-from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Annotated, Any, Literal
 
@@ -216,10 +215,12 @@ def pair_outcomes(events: Iterable[Event]) -> Iterator[tuple[OutcomeEvent, CallE
     """Each outcome event with the call it belongs to (None: no such call), in event order.
 
     An outcome names its call in ``parent_id``. Bundles written before parent links (or by hand)
-    are paired the documented legacy way: a result takes the oldest unpaired call of the same tool
-    name (an LLM response: of the same model); an error takes the most recent unpaired call. A
-    ``parent_id`` may point at a call that already has an outcome (a bundle error the caller can
-    report); a legacy outcome only ever takes a call without one.
+    are paired the documented legacy way (DESIGN.md): a tool call takes the next unpaired result
+    of the same tool name before that tool is called again (an LLM call: of the same model) -- a
+    call of the same name made before any result leaves the earlier call without one; an error
+    takes the most recent unpaired call. A ``parent_id`` may point at a call that already has an
+    outcome (a bundle error the caller can report); a legacy outcome only ever takes a call
+    without one.
     """
     calls: dict[str, CallEvent] = {}
     order: list[CallEvent] = []
@@ -249,15 +250,15 @@ def pair_outcomes(events: Iterable[Event]) -> Iterator[tuple[OutcomeEvent, CallE
 
 
 class _LegacyPairing:
-    """The unpaired calls, by tool name / model (oldest first) and overall (most recent last);
-    entries that got paired since are dropped lazily."""
+    """The unpaired calls: per tool name / model the one still open for a result (calling the
+    same tool again closes the earlier call), and overall (most recent last) for errors."""
 
     def __init__(self) -> None:
-        self.oldest: dict[tuple[str, str], deque[CallEvent]] = {}
+        self.open: dict[tuple[str, str], CallEvent] = {}
         self.recent: list[CallEvent] = []
 
     def add(self, call: CallEvent) -> None:
-        self.oldest.setdefault(_legacy_key(call), deque()).append(call)
+        self.open[_legacy_key(call)] = call
         self.recent.append(call)
 
     def take(self, outcome: OutcomeEvent, paired: set[str]) -> CallEvent | None:
@@ -266,10 +267,8 @@ class _LegacyPairing:
             while recent and recent[-1].id in paired:
                 recent.pop()
             return recent[-1] if recent else None
-        queue = self.oldest.get(_legacy_key(outcome))
-        while queue and queue[0].id in paired:
-            queue.popleft()
-        return queue[0] if queue else None
+        call = self.open.get(_legacy_key(outcome))
+        return None if call is None or call.id in paired else call
 
 
 def _legacy_key(event: ToolCall | LlmRequest | ToolResult | LlmResponse) -> tuple[str, str]:
