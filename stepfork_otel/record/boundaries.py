@@ -568,6 +568,26 @@ def trace_tool(
 live_llm_guard: Callable[[str, str], None] | None = None
 
 
+def _prepare_llm_call(
+    provider: str,
+    model: str,
+    operation: str,
+    request: Any,
+    replay_policy: ReplayPolicy | str,
+    response_type: Any,
+) -> _Prepared | None:
+    """What ``llm_request`` and ``allm_request`` share before the call: the policy (a bad one is
+    the caller's error), the pytest plugin's live-call guard, and the recorded input."""
+    policy = ReplayPolicy.parse(replay_policy)
+    if live_llm_guard is not None and current_session.get() is None:
+        live_llm_guard(provider, model)
+    try:
+        return _prepare_llm(provider, model, operation, request, policy, response_type)
+    except Exception:
+        _fail_or_log("preparing a boundary call")
+        return None
+
+
 def llm_request(
     *,
     provider: str,
@@ -584,16 +604,7 @@ def llm_request(
     ``response_type`` (optional) is the type a substituted response is rebuilt into (e.g. the
     client's pydantic response model); without it replay returns the recorded JSON value.
     """
-    policy = ReplayPolicy.parse(replay_policy)
-    if live_llm_guard is not None and current_session.get() is None:
-        live_llm_guard(provider, model)
-    try:
-        prepared: _Prepared | None = _prepare_llm(
-            provider, model, operation, input, policy, response_type
-        )
-    except Exception:
-        _fail_or_log("preparing a boundary call")
-        prepared = None
+    prepared = _prepare_llm_call(provider, model, operation, input, replay_policy, response_type)
     return _run_sync(prepared, call)
 
 
@@ -608,14 +619,5 @@ async def allm_request(
     replay_policy: ReplayPolicy | str = ReplayPolicy.REPLAYABLE,
 ) -> R:
     """``llm_request`` for async clients: ``call()`` returns an awaitable."""
-    policy = ReplayPolicy.parse(replay_policy)
-    if live_llm_guard is not None and current_session.get() is None:
-        live_llm_guard(provider, model)
-    try:
-        prepared: _Prepared | None = _prepare_llm(
-            provider, model, operation, input, policy, response_type
-        )
-    except Exception:
-        _fail_or_log("preparing a boundary call")
-        prepared = None
+    prepared = _prepare_llm_call(provider, model, operation, input, replay_policy, response_type)
     return await _run_async(prepared, call)

@@ -818,57 +818,50 @@ class ReplaySession:
         self, call: BoundaryCall, replayed: ReplayedCall, expected: RecordedCall, position: int
     ) -> ReplayDecision:
         outcome = expected.outcome
+        recorded = expected.event.id
+
+        def missing(reason: str) -> ReplayMismatchError:
+            return ReplayMismatchError(
+                f"missing result: {reason}",
+                position=position,
+                expected=expected.describe(),
+                actual=self._actual(call),
+            )
+
         if outcome is None:
             cut = (
                 f" (the bundle is incomplete: {self.trace.incomplete_reason or 'the run did not finish'})"
                 if not self.trace.complete
                 else " (the run was cut short or the span was lost)"
             )
-            raise ReplayMismatchError(
-                f"missing result: the recorded call {expected.event.id} has no recorded result"
-                f"{cut}, so it cannot be substituted",
-                position=position,
-                expected=expected.describe(),
-                actual=self._actual(call),
+            raise missing(
+                f"the recorded call {recorded} has no recorded result{cut}, so it cannot be "
+                "substituted"
             )
         if isinstance(outcome, ErrorEvent) and outcome.status == "skipped":
-            raise ReplayMismatchError(
-                f"missing result: the recorded call {expected.event.id} was rejected before its "
-                f"body ran in the recorded run (itself a replay: {outcome.error_type}), so it has "
-                "no result to substitute",
-                position=position,
-                expected=expected.describe(),
-                actual=self._actual(call),
+            raise missing(
+                f"the recorded call {recorded} was rejected before its body ran in the recorded "
+                f"run (itself a replay: {outcome.error_type}), so it has no result to substitute"
             )
         if outcome.output is None and not isinstance(outcome, ErrorEvent):
-            raise ReplayMismatchError(
-                f"missing result: the recorded result of {expected.event.id} is missing "
+            raise missing(
+                f"the recorded result of {recorded} is missing "
                 f"({outcome.output_missing or 'not recorded'}): it was left off the span, so it "
-                "cannot be substituted; replay the local bundle, or raise the span payload cap",
-                position=position,
-                expected=expected.describe(),
-                actual=self._actual(call),
+                "cannot be substituted; replay the local bundle, or raise the span payload cap"
             )
         value: Any = None
         if not isinstance(outcome, ErrorEvent):
             try:
                 value = payload_value(outcome.output)
             except ValueError:  # orjson.JSONDecodeError; a hand-built or damaged bundle
-                raise ReplayMismatchError(
-                    f"missing result: the recorded result of {expected.event.id} is not valid "
-                    "JSON, so replay cannot substitute it",
-                    position=position,
-                    expected=expected.describe(),
-                    actual=self._actual(call),
+                raise missing(
+                    f"the recorded result of {recorded} is not valid JSON, so replay cannot "
+                    "substitute it"
                 ) from None
             if isinstance(value, dict) and UNSERIALISABLE_MARKER in value and len(value) == 1:
-                raise ReplayMismatchError(
-                    f"missing result: the recorded result of {expected.event.id} could not be "
-                    f"serialised when it was recorded ({value[UNSERIALISABLE_MARKER]}), so "
-                    "replay cannot substitute it",
-                    position=position,
-                    expected=expected.describe(),
-                    actual=self._actual(call),
+                raise missing(
+                    f"the recorded result of {recorded} could not be serialised when it was "
+                    f"recorded ({value[UNSERIALISABLE_MARKER]}), so replay cannot substitute it"
                 )
         expected.state = "consumed"
         if expected.children:
