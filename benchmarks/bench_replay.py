@@ -236,7 +236,7 @@ def _session_start(calls: int, rounds: int) -> str:
             f"verify {fmt_ms(median('session_parts', 'verify'))}, then a `ReplaySession` built "
             f"on the loaded trace {fmt_ms(median('session_parts', 'session_on_loaded_trace'))} "
             "-- its own `verify_integrity` (which `from_trace(path)` runs once, the same as the "
-            f"verify above) plus {fmt_ms(rest)} of model-fingerprint checks and plan building. "
+            f"verify above) plus {fmt_ms(rest)} of building the replay plan. "
             f"Load + verify is **{100 * share:.0f} %** of a session start ({verdict_text}).",
         ]
     )
