@@ -500,3 +500,16 @@ def test_canonical_form_is_a_fixed_point_of_parsing() -> None:
         text = canonical_json(value)
         assert canonical_json(json.loads(text)) == text
         assert json.loads(text) == value
+
+
+def test_loads_keeps_integers_of_any_size_exact() -> None:
+    """orjson reads integers beyond 64 bits as floats; `loads` keeps them exact, and keeps the
+    fast parser for 19-digit nanosecond timestamps."""
+    from stepfork_otel.trace.canonical import loads
+
+    values = [1795950506266387897, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1, 10**30, 1.5, "x" * 30]
+    assert loads(canonical_json(values)) == values
+    assert all(
+        type(a) is type(b) for a, b in zip(loads(canonical_json(values)), values, strict=True)
+    )
+    assert loads('{"digits": "123456789012345678901234"}') == {"digits": "123456789012345678901234"}

@@ -47,6 +47,7 @@ import decimal
 import enum
 import functools
 import hashlib
+import json
 import pathlib
 import re
 import uuid
@@ -251,3 +252,19 @@ def model_fingerprint(provider: str, model: str, operation: str) -> str:
     return sha256_hex(
         canonical_json({"provider": provider, "model": model, "operation": operation})
     )
+
+
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+
+
+def loads(text: str) -> Any:
+    """Parse canonical JSON text back into a value, integers of any size exact.
+
+    orjson reads integers exactly from -2**63 to 2**64 - 1 and silently as floats beyond, so a
+    text that may hold a longer integer (20 digits, or a negative 19: nanosecond timestamps
+    have 19 digits and stay on the fast path) goes to the standard library's parser. The check
+    maps digits to ``0`` and looks for the run: a regex repetition costs ten times more."""
+    data = text.encode("utf-8").translate(_DIGITS_AS_ZERO)
+    if b"0" * 20 in data or b"-" + b"0" * 19 in data:
+        return json.loads(text)
+    return orjson.loads(text)

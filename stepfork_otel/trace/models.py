@@ -12,16 +12,14 @@ re-serialises or even parses the payloads. Use :func:`payload_value` to get the 
 
 from __future__ import annotations
 
-import json
-import re
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Annotated, Any, Literal
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from stepfork_otel.constants import FORMAT_NAME, FORMAT_VERSION
+from stepfork_otel.trace.canonical import loads as canonical_loads
 from stepfork_otel.trace.policy import ReplayPolicy
 
 Status = Literal["ok", "error", "skipped"]
@@ -300,17 +298,10 @@ def _outcome_index(trace: Trace) -> dict[str, OutcomeEvent]:
     return index
 
 
-_LONG_DIGITS = re.compile(r"\d{19}")
-
-
 def payload_value(text: str | None) -> Any:
     """The JSON value of a stored payload (None when absent). Integers beyond 64 bits stay
     exact (orjson would read them as floats; the stdlib parser keeps them)."""
-    if text is None:
-        return None
-    if _LONG_DIGITS.search(text):
-        return json.loads(text)
-    return orjson.loads(text)
+    return None if text is None else canonical_loads(text)
 
 
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

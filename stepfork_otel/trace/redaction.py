@@ -51,7 +51,6 @@ would change, for each secret family in many positions, and on random fragments 
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -60,6 +59,7 @@ from typing import Any
 import orjson
 
 from stepfork_otel.trace.canonical import canonical_json
+from stepfork_otel.trace.canonical import loads as canonical_loads
 
 #: Replacement for a value found under a sensitive key.
 KEY_MARKER = "[REDACTED]"
@@ -524,7 +524,7 @@ class Redactor:
             if spliced is not None:
                 return spliced
         # orjson reads an integer beyond 64 bits as a float (1e+20): the stdlib parser keeps it
-        value = json.loads(canonical) if _LONG_NUMBER.search(canonical) else orjson.loads(canonical)
+        value = canonical_loads(canonical)
         redacted, changed = self._walk(value, plan)
         return canonical_json(redacted) if changed else canonical
 
@@ -629,8 +629,6 @@ class Redactor:
 
 
 _MAX_SPLICE_HITS = 64
-#: A run of digits that may be an integer orjson cannot hold (beyond 64 bits: 19 digits or more).
-_LONG_NUMBER = re.compile(r"[0-9]{19}")
 
 
 def _real_quotes(data: bytes) -> bytes:
