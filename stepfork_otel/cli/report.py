@@ -73,9 +73,19 @@ def call_lines(result: ReplayResult, style: Style, indent: str = "   ") -> list[
     lines: list[str] = []
     labels = [call_label(c.kind, c.name, c.provider, c.model) for c in result.calls]
     width = max((len(label) for label in labels), default=0)
+    expected_at = {  # a refused call: the recorded call replay expected there, if any
+        error.position: error.expected.event_id
+        for error in result.errors
+        if error.position is not None and error.expected is not None
+    }
     for call, label in zip(result.calls, labels, strict=True):
         action = style.status(f"{call.action:<11}")
-        rec = f"<- {call.recorded_id}" if call.recorded_id else "(matched no recorded call)"
+        if call.recorded_id:
+            rec = f"<- {call.recorded_id}"
+        elif expected_at.get(call.position):
+            rec = f"(expected {expected_at[call.position]})"
+        else:
+            rec = "(matched no recorded call)"
         lines.append(
             f"{indent}{call.position:>3}. {action} {label:<{width}}  {rec}{_call_suffix(call)}"
         )
