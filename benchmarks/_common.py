@@ -345,7 +345,7 @@ class Recorder:
 
     def use(self, *, processors: bool) -> None:
         """Send stepfork's spans to the provider with (or without) the bundle processor."""
-        from stepfork_otel.record import boundaries, settings
+        from stepfork_otel.recording import boundaries, settings
 
         if processors:
             settings.set_tracer_provider(self.provider)
@@ -356,7 +356,7 @@ class Recorder:
             boundaries.side_channel_listeners = 0
 
     def __post_init__(self) -> None:
-        from stepfork_otel.record import boundaries
+        from stepfork_otel.recording import boundaries
 
         self._listeners = boundaries.side_channel_listeners
 
@@ -367,7 +367,7 @@ class Recorder:
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-        from stepfork_otel.record import settings
+        from stepfork_otel.recording import settings
 
         exporter = InMemorySpanExporter()
         provider = TracerProvider()
@@ -388,7 +388,7 @@ def recording() -> Iterator[Recorder]:
     from opentelemetry.sdk.trace import TracerProvider
 
     from stepfork_otel import _internal, configure
-    from stepfork_otel.record import boundaries, settings
+    from stepfork_otel.recording import boundaries, settings
 
     previous_raise = _internal.RAISE_INTERNAL_ERRORS
     _internal.RAISE_INTERNAL_ERRORS = True

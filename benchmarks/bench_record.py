@@ -48,7 +48,7 @@ from benchmarks._common import (
 )
 from stepfork_otel import constants as k
 from stepfork_otel import record, trace_tool
-from stepfork_otel.record.payload import capture
+from stepfork_otel.recording.payload import capture
 from stepfork_otel.trace.canonical import canonical_bytes, canonical_json
 from stepfork_otel.trace.models import ToolCall, Trace
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR, Redactor

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     )
     from stepfork_otel.otel.processor import SftraceSpanProcessor
     from stepfork_otel.otel.setup import configure
-    from stepfork_otel.record.boundaries import allm_request, llm_request, trace_tool
-    from stepfork_otel.record.run import RunRecorder, record
+    from stepfork_otel.recording.boundaries import allm_request, llm_request, trace_tool
+    from stepfork_otel.recording.run import RunRecorder, record
     from stepfork_otel.replay.errors import (
         BundleIntegrityError,
         RecordedDependencyError,
@@ -49,12 +49,6 @@ if TYPE_CHECKING:
     from stepfork_otel.trace.policy import ReplayMode, ReplayPolicy
     from stepfork_otel.trace.redaction import Redactor, SecretPattern
 
-# `record` names both a subpackage and the public function. Load the (light) subpackage now and
-# free the name, so that `stepfork_otel.record` is the function, as it was with eager imports;
-# loading a module inside the subpackage later does not rebind it.
-importlib.import_module("stepfork_otel.record")
-del globals()["record"]
-
 #: Where each public name lives.
 _EXPORTS: dict[str, str] = {
     "BundleError": "stepfork_otel.trace.bundle",
@@ -78,21 +72,21 @@ _EXPORTS: dict[str, str] = {
     "ReplaySession": "stepfork_otel.replay.session",
     "ReplaySessionError": "stepfork_otel.replay.errors",
     "RunInfo": "stepfork_otel.trace.models",
-    "RunRecorder": "stepfork_otel.record.run",
+    "RunRecorder": "stepfork_otel.recording.run",
     "SecretPattern": "stepfork_otel.trace.redaction",
     "SftraceSpanProcessor": "stepfork_otel.otel.processor",
     "ToolCall": "stepfork_otel.trace.models",
     "ToolResult": "stepfork_otel.trace.models",
     "Trace": "stepfork_otel.trace.models",
     "UnserialisableError": "stepfork_otel.trace.canonical",
-    "allm_request": "stepfork_otel.record.boundaries",
+    "allm_request": "stepfork_otel.recording.boundaries",
     "canonical_json": "stepfork_otel.trace.canonical",
     "configure": "stepfork_otel.otel.setup",
     "fingerprint": "stepfork_otel.trace.canonical",
     "iter_traces_from_otlp_json": "stepfork_otel.otel.otlp_json",
-    "llm_request": "stepfork_otel.record.boundaries",
-    "record": "stepfork_otel.record.run",
-    "trace_tool": "stepfork_otel.record.boundaries",
+    "llm_request": "stepfork_otel.recording.boundaries",
+    "record": "stepfork_otel.recording.run",
+    "trace_tool": "stepfork_otel.recording.boundaries",
 }
 
 

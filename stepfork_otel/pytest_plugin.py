@@ -17,7 +17,7 @@ a fixture and an option, and changes nothing for a test that uses none of them.
   ``stepfork_replay`` marker, or for every test with ``--stepfork`` or the ini option
   ``stepfork = true`` -- an ``llm_request``/``allm_request`` that would run its ``call`` outside
   a replay session fails the test, unless the test is marked ``stepfork_allow_live_llm``. The
-  check is the documented switch ``stepfork_otel.record.boundaries.live_llm_guard`` (a global,
+  check is the documented switch ``stepfork_otel.recording.boundaries.live_llm_guard`` (a global,
   like pydantic-ai's ``ALLOW_MODEL_REQUESTS``, so calls from threads are covered too); it raises
   pytest's ``Failed``, a ``BaseException`` that an agent's ``except Exception`` cannot swallow,
   and the plugin fails the test even if something swallowed it anyway. Calls inside a replay
@@ -216,7 +216,7 @@ def pytest_runtest_protocol(
 ) -> Generator[None, object, object]:
     if not _active(item) or item.get_closest_marker(ALLOW_LIVE_LLM_MARKER) is not None:
         return (yield)
-    from stepfork_otel.record import boundaries
+    from stepfork_otel.recording import boundaries
 
     blocked: list[str] = []
     item.stash[_BLOCKED] = blocked
@@ -265,8 +265,8 @@ def assert_recorded_output(output: Any, recorded_sha256: str, recorded: str | No
     """The replayed return value, redacted and canonicalised as recording does, must have the
     recorded output fingerprint. ``recorded`` (the recorded canonical JSON) is only shown."""
     from stepfork_otel.cli._common import abbreviate, preview
-    from stepfork_otel.record import settings as _settings
-    from stepfork_otel.record.payload import capture
+    from stepfork_otel.recording import settings as _settings
+    from stepfork_otel.recording.payload import capture
 
     payload = capture(output, _settings.settings().redactor)
     if payload.sha256 == recorded_sha256:

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import stepfork_otel._internal as internal
 from stepfork_otel import SftraceSpanProcessor, configure
-from stepfork_otel.record import settings
+from stepfork_otel.recording import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `examples` is importable as a package, as from the repo root

@@ -33,7 +33,7 @@ from stepfork_otel import (
 from stepfork_otel import constants as k
 from stepfork_otel.otel.conversion import spans_to_trace
 from stepfork_otel.otel.processor import span_record
-from stepfork_otel.record import boundaries
+from stepfork_otel.recording import boundaries
 from stepfork_otel.trace.bundle import verify_integrity
 from stepfork_otel.trace.models import payload_value
 

@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, Recording
 
 from stepfork_otel import SftraceSpanProcessor, configure
-from stepfork_otel.record import settings
+from stepfork_otel.recording import settings
 
 PRELUDE = """
 import json, logging, sys, warnings

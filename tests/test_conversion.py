@@ -14,7 +14,7 @@ import pytest
 from stepfork_otel import ErrorEvent, LlmRequest, ToolCall, ToolResult, Trace
 from stepfork_otel import constants as k
 from stepfork_otel.otel.conversion import SpanRecord, spans_to_trace
-from stepfork_otel.record.payload import Payload
+from stepfork_otel.recording.payload import Payload
 from stepfork_otel.trace.bundle import validate_structure, verify_integrity
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"

@@ -14,8 +14,8 @@ from conftest import Recording
 import stepfork_otel._internal as internal
 import stepfork_otel.otel.processor as processor_module
 from stepfork_otel import ReplaySession, Trace, allm_request, llm_request, record, trace_tool
-from stepfork_otel.record import boundaries
-from stepfork_otel.record import run as run_module
+from stepfork_otel.recording import boundaries
+from stepfork_otel.recording import run as run_module
 
 
 class Forced(Exception):

@@ -16,7 +16,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 import stepfork_otel._internal as internal
 from stepfork_otel import ErrorEvent, Trace, configure, llm_request, record, trace_tool
-from stepfork_otel.record import boundaries
+from stepfork_otel.recording import boundaries
 from stepfork_otel.trace.bundle import validate_structure, verify_integrity
 
 

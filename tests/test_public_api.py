@@ -88,14 +88,20 @@ def test_import_is_light() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_record_is_the_function_even_after_its_subpackage_loads() -> None:
+def test_record_is_the_function_and_subpackages_import_normally() -> None:
+    """`record` is the public function; the recording code lives in `stepfork_otel.recording`,
+    so importing a submodule by its dotted path works in every form."""
     import subprocess
     import sys
 
     code = (
-        "import stepfork_otel.record.boundaries, stepfork_otel.record.run; "
+        "import stepfork_otel.recording.boundaries as b; "
         "from stepfork_otel import record; import stepfork_otel as s; "
-        "print(record.__module__, s.record is record)"
+        "print(record.__module__, s.record is record, b.__name__)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["stepfork_otel.record.run", "True"]
+    assert out.stdout.split() == [
+        "stepfork_otel.recording.run",
+        "True",
+        "stepfork_otel.recording.boundaries",
+    ]

@@ -28,9 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from stepfork_otel.record import settings as _settings
-from stepfork_otel.record.boundaries import qualified_name
-from stepfork_otel.record.payload import capture
+from stepfork_otel.recording import settings as _settings
+from stepfork_otel.recording.boundaries import qualified_name
+from stepfork_otel.recording.payload import capture
 from stepfork_otel.replay.errors import RecordedDependencyError, ReplayError
 from stepfork_otel.trace.canonical import sha256_hex
 from stepfork_otel.trace.models import RunInfo

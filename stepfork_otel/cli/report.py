@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepfork_otel.cli._common import Style, abbreviate_in_text, preview
-from stepfork_otel.record import settings as _settings
+from stepfork_otel.recording import settings as _settings
 from stepfork_otel.replay.errors import ReplayError
 from stepfork_otel.replay.plan import RecordedCall
 from stepfork_otel.replay.session import ReplayedCall, ReplayResult

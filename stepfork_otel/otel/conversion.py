@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from stepfork_otel import constants as k
-from stepfork_otel.record import settings as _settings
-from stepfork_otel.record.payload import Payload
+from stepfork_otel.recording import settings as _settings
+from stepfork_otel.recording.payload import Payload
 from stepfork_otel.trace.canonical import canonical_json
 from stepfork_otel.trace.models import (
     ContextSpan,

@@ -46,8 +46,8 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors
 from stepfork_otel.otel.conversion import SpanRecord, spans_to_trace, subtree
-from stepfork_otel.record import boundaries
-from stepfork_otel.record.payload import Payload
+from stepfork_otel.recording import boundaries
+from stepfork_otel.recording.payload import Payload
 from stepfork_otel.trace.bundle import save_trace
 
 logger = logging.getLogger("stepfork_otel")

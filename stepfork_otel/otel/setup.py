@@ -25,7 +25,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
 from stepfork_otel.otel.processor import SftraceSpanProcessor
-from stepfork_otel.record import settings as _settings
+from stepfork_otel.recording import settings as _settings
 from stepfork_otel.trace.redaction import Redactor
 
 logger = logging.getLogger("stepfork_otel")

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from stepfork_otel.trace.policy import ReplayPolicy
 
 if TYPE_CHECKING:
-    from stepfork_otel.record.payload import Payload
+    from stepfork_otel.recording.payload import Payload
     from stepfork_otel.replay.session import ReplaySession
 
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
 
-from stepfork_otel.record import settings as _settings
-from stepfork_otel.record.payload import Payload
+from stepfork_otel.recording import settings as _settings
+from stepfork_otel.recording.payload import Payload
 from stepfork_otel.replay.context import BoundaryCall, ReplayDecision, current_session
 from stepfork_otel.replay.errors import (
     BundleIntegrityError,

@@ -35,8 +35,8 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from stepfork_otel import _internal
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors, log_internal_error
-from stepfork_otel.record import settings as _settings
-from stepfork_otel.record.payload import Payload, capture
+from stepfork_otel.recording import settings as _settings
+from stepfork_otel.recording.payload import Payload, capture
 from stepfork_otel.replay.context import BoundaryCall, ReplayDecision, current_session
 from stepfork_otel.trace.canonical import model_fingerprint
 from stepfork_otel.trace.policy import ReplayPolicy

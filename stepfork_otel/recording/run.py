@@ -20,9 +20,13 @@ from opentelemetry.trace import Span, SpanKind
 
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors
-from stepfork_otel.record import settings as _settings
-from stepfork_otel.record.boundaries import call_start_time, record_failure, set_payload_attributes
-from stepfork_otel.record.payload import capture
+from stepfork_otel.recording import settings as _settings
+from stepfork_otel.recording.boundaries import (
+    call_start_time,
+    record_failure,
+    set_payload_attributes,
+)
+from stepfork_otel.recording.payload import capture
 from stepfork_otel.trace.models import Trace
 
 logger = logging.getLogger("stepfork_otel")
