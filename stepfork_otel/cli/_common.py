@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+from stepfork_otel.replay.errors import preview as cut
 from stepfork_otel.trace.bundle import BundleError, load_trace
 from stepfork_otel.trace.canonical import canonical_json
 from stepfork_otel.trace.models import CallEvent, LlmRequest, Trace, payload_value
@@ -103,23 +104,8 @@ def abbreviate_in_data(data: Any, verbose: bool = False) -> Any:
 
 def preview(text: str | None, verbose: bool = False, limit: int | None = None) -> str:
     """A payload's text cut to one readable line (``…`` marks the cut)."""
-    if text is None:
-        return "<not recorded>"
     limit = limit or (VERBOSE_PREVIEW_CHARS if verbose else PREVIEW_CHARS)
-    flat = text.replace("\n", "\\n")
-    return flat if len(flat) <= limit else flat[:limit] + "…"
-
-
-def first_difference(a: str, b: str, labels: tuple[str, str] = ("A", "B")) -> list[str]:
-    """Where two (already redacted) payload texts first differ, with a little context."""
-    i = next((n for n, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    start = max(0, i - 30)
-    width = max(len(label) for label in labels)
-    return [
-        f"first difference at character {i}:",
-        f"  {labels[0]:<{width}}: …{a[start : i + 50]}…",
-        f"  {labels[1]:<{width}}: …{b[start : i + 50]}…",
-    ]
+    return cut(None if text is None else text.replace("\n", "\\n"), limit)
 
 
 def format_duration(ns: int) -> str:

@@ -23,11 +23,11 @@ from stepfork_otel.cli._common import (
     Style,
     abbreviate,
     add_common_arguments,
-    first_difference,
     load_bundle,
     preview,
 )
 from stepfork_otel.cli.outcome import same_type_name
+from stepfork_otel.replay.errors import first_difference
 from stepfork_otel.trace.canonical import sha256_hex
 from stepfork_otel.trace.models import CallEvent, ErrorEvent, LlmRequest, OutcomeEvent, Trace
 
@@ -77,7 +77,7 @@ def _payload_difference(
         lines.append(f"{side}: {label}  sha256 {abbreviate(sha, verbose)}")
         lines.append(f"   {preview(text, verbose)}")
     if a[1] is not None and b[1] is not None:
-        lines.extend(first_difference(a[1], b[1]))
+        lines.extend(first_difference(a[1], b[1], labels=("A", "B")))
     return Difference(where, what, lines)
 
 

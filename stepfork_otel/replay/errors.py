@@ -48,6 +48,20 @@ def preview(text: str | None, limit: int = PREVIEW_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+def first_difference(
+    a: str, b: str, labels: tuple[str, str] = ("recorded", "this run")
+) -> list[str]:
+    """Where two (already redacted) payload texts first differ, with a little context."""
+    i = next((n for n, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    start = max(0, i - 30)
+    width = max(len(label) for label in labels)
+    return [
+        f"first difference at character {i}:",
+        f"  {labels[0]:<{width}}: …{a[start : i + 50]}…",
+        f"  {labels[1]:<{width}}: …{b[start : i + 50]}…",
+    ]
+
+
 @dataclass(frozen=True)
 class CallDescription:
     """One call as shown in diagnostics: recorded (``event_id`` set) or actual (live run)."""

@@ -48,6 +48,7 @@ from stepfork_otel.replay.errors import (
     ReplayModeError,
     ReplayPolicyError,
     ReplaySessionError,
+    first_difference,
 )
 from stepfork_otel.replay.plan import (
     RecordedCall,
@@ -208,22 +209,6 @@ def _matches_llm(selector: str, provider: str | None, model: str | None) -> bool
         sel_provider, sel_model = selector.split("/", 1)
         return sel_provider == provider and sel_model in ("*", model)
     return selector == model
-
-
-def _first_difference(recorded: str | None, actual: str) -> list[str]:
-    """Where two canonical inputs first differ, with a little context (both already redacted)."""
-    if recorded is None:
-        return []
-    i = next(
-        (n for n, (a, b) in enumerate(zip(recorded, actual, strict=False)) if a != b),
-        min(len(recorded), len(actual)),
-    )
-    start = max(0, i - 30)
-    return [
-        f"first difference at character {i}:",
-        f"  recorded: …{recorded[start : i + 50]}…",
-        f"  this run: …{actual[start : i + 50]}…",
-    ]
 
 
 def _a(kind: str) -> str:
@@ -749,7 +734,7 @@ class ReplaySession:
             )
             raise mismatch(
                 "input differs from the recording" + hint,
-                _first_difference(event.input, call.input.text),
+                [] if event.input is None else first_difference(event.input, call.input.text),
             )
         if same_input and expected.input_sha256 not in (None, call.input.sha256):
             raise mismatch("input fingerprint differs from the recorded fingerprint")
