@@ -142,9 +142,6 @@ class Style:
     def bold(self, text: str) -> str:
         return self._wrap("1", text)
 
-    def dim(self, text: str) -> str:
-        return self._wrap("2", text)
-
     def red(self, text: str) -> str:
         return self._wrap("31", text)
 
