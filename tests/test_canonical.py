@@ -31,6 +31,7 @@ from stepfork_otel.trace.canonical import (
     canonical_bytes,
     canonical_json,
     fingerprint,
+    loads,
     sha256_hex,
     unserialisable_marker,
 )
@@ -114,6 +115,11 @@ def test_float_subclass_is_a_float() -> None:
 )
 def test_integers_of_any_size_are_exact(value: int, expected: str) -> None:
     assert canonical_json(value) == expected
+    # and read back exactly, alone and inside a payload (orjson alone would give a float)
+    assert loads(expected) == value
+    assert type(loads(expected)) is int
+    text = canonical_json({"date": "2026-11-29", "n": [value, 1.5], "s": "12-34"})
+    assert loads(text) == {"date": "2026-11-29", "n": [value, 1.5], "s": "12-34"}
 
 
 def test_big_integers_nested_in_dicts_sets_and_keys() -> None:
