@@ -26,7 +26,7 @@ import typing
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
@@ -40,6 +40,9 @@ from stepfork_otel.recording.payload import Payload, capture
 from stepfork_otel.replay.context import BoundaryCall, ReplayDecision, current_session
 from stepfork_otel.trace.canonical import model_fingerprint
 from stepfork_otel.trace.policy import ReplayPolicy
+
+if TYPE_CHECKING:
+    from stepfork_otel.replay.session import ReplaySession
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -105,12 +108,20 @@ side_payloads: dict[int, dict[str, Payload]] = {}
 side_channel_listeners = 0
 
 
-def _keep_payload(span: Span, key: str, payload: Payload) -> None:
+def _keep_payload(span: Span, key: str, payload: Payload) -> dict[str, Payload] | None:
+    """Hand ``payload`` to the bundle processor; returns the span's entry (None: nobody listens).
+    The boundary adds the output to that entry itself, without the lock: the processor takes
+    the entry only when the span ends, after that, and a flush copies it in one step."""
     # A span a sampler dropped never reaches a processor: keeping its payload would leak it.
     if side_channel_listeners and span.is_recording():
         span_id = span.get_span_context().span_id
         with _side_lock:
-            side_payloads.setdefault(span_id, {})[key] = payload
+            kept = side_payloads.get(span_id)
+            if kept is None:
+                kept = side_payloads[span_id] = {}
+            kept[key] = payload
+        return kept
+    return None
 
 
 _INPUT_KEYS = (
@@ -202,12 +213,18 @@ class _Prepared:
     span_name: str
     span_kind: SpanKind
     attributes: dict[str, Any]
+    session: ReplaySession | None
+    """The replay session the call is made in (None: recording)."""
+    kept: dict[str, Payload] | None = None
+    """The span's entry in the side channel, once the input was handed over."""
 
 
 def _prepare_tool(
     name: str, policy: ReplayPolicy, arguments: dict[str, Any], output_type: Any
 ) -> _Prepared:
-    payload = capture(arguments, _settings.settings().redactor)
+    session = current_session.get()
+    recorded = None if session is None else session.expected_input()
+    payload = capture(arguments, _settings.settings().redactor, recorded)
     call = BoundaryCall("tool", name, payload, policy, output_type=output_type)
     attributes = {
         k.KIND: k.KIND_TOOL,
@@ -216,13 +233,15 @@ def _prepare_tool(
         k.GEN_AI_TOOL_NAME: name,
         k.OPENINFERENCE_SPAN_KIND: k.OI_KIND_TOOL,
     }
-    return _Prepared(call, f"{k.OP_EXECUTE_TOOL} {name}", SpanKind.INTERNAL, attributes)
+    return _Prepared(call, f"{k.OP_EXECUTE_TOOL} {name}", SpanKind.INTERNAL, attributes, session)
 
 
 def _prepare_llm(
     provider: str, model: str, operation: str, request: Any, policy: ReplayPolicy, output_type: Any
 ) -> _Prepared:
-    payload = capture(request, _settings.settings().redactor)
+    session = current_session.get()
+    recorded = None if session is None else session.expected_input()
+    payload = capture(request, _settings.settings().redactor, recorded)
     fingerprint = model_fingerprint(provider, model, operation)
     call = BoundaryCall(
         "llm",
@@ -244,7 +263,7 @@ def _prepare_llm(
         k.MODEL_FINGERPRINT: fingerprint,
         k.OPENINFERENCE_SPAN_KIND: k.OI_KIND_LLM,
     }
-    return _Prepared(call, f"{operation} {model}", SpanKind.CLIENT, attributes)
+    return _Prepared(call, f"{operation} {model}", SpanKind.CLIENT, attributes, session)
 
 
 def _fail_or_log(what: str) -> None:
@@ -281,7 +300,7 @@ def _open_span(prepared: _Prepared) -> tuple[Span, object] | None:
         _fail_or_log("opening a boundary span")
         return None
     with handle_internal_errors("handing the call input to the bundle processor"):
-        _keep_payload(span, k.INPUT, prepared.call.input)
+        prepared.kept = _keep_payload(span, k.INPUT, prepared.call.input)
     return span, token
 
 
@@ -291,38 +310,68 @@ def _close_span(span: Span, token: object) -> None:
         span.end()
 
 
-def _decide(prepared: _Prepared, span: Span) -> tuple[ReplayDecision, str] | None:
-    """Ask the active replay session (if any) what to do; a refusal is written on the span and
-    raised. Returns None outside replay, else the decision and the session's mode. A substituted
-    call's attributes are written by :func:`_finish_substituted`, all in one call."""
-    session = current_session.get()
+def _decide(prepared: _Prepared) -> ReplayDecision | None:
+    """Ask the active replay session (if any) what to do, before the span opens: the decision --
+    and a substituted output -- then go on the span when it starts, with the input, in one call.
+    Returns None outside replay. A refused call gets a span of its own (action ``rejected``,
+    status ``skipped``, the error recorded) and the refusal is raised."""
+    session = prepared.session
     if session is None:
         return None
-    mode = session.mode.value
+    attributes = prepared.attributes
+    attributes[k.REPLAY_MODE] = session.mode.value
     try:
         decision = session.begin_call(prepared.call)
     except BaseException as exc:
-        span.set_attributes({k.REPLAY_MODE: mode, k.REPLAY_ACTION: "rejected"})
-        record_failure(span, exc)
-        span.set_attribute(k.STATUS, k.STATUS_SKIPPED)
+        attributes[k.REPLAY_ACTION] = "rejected"
+        _record_refusal(prepared, exc)
         raise
-    if decision.action != "substituted":
-        span.set_attributes({k.REPLAY_MODE: mode, k.REPLAY_ACTION: decision.action})
-    return decision, mode
+    attributes[k.REPLAY_ACTION] = decision.action
+    if decision.action == "substituted":
+        if decision.output is not None:
+            with handle_internal_errors("writing a substituted output on its span"):
+                attributes.update(payload_attributes(k.OUTPUT, decision.output))
+        if decision.error is None:
+            attributes[k.STATUS] = k.STATUS_OK
+    return decision
 
 
-def _finish_substituted(span: Span, decision: ReplayDecision, mode: str) -> Any:
-    attributes: dict[str, Any] = {k.REPLAY_MODE: mode, k.REPLAY_ACTION: decision.action}
-    output = decision.output
-    with handle_internal_errors("writing a substituted output on its span"):
-        if output is not None:
-            attributes.update(payload_attributes(k.OUTPUT, output))
-    if decision.error is None:
-        attributes[k.STATUS] = k.STATUS_OK
-    with handle_internal_errors("writing a substituted output on its span"):
-        span.set_attributes(attributes)
-        if output is not None:
-            _keep_payload(span, k.OUTPUT, output)
+def _record_refusal(prepared: _Prepared, exc: BaseException) -> None:
+    """The span of a call the session refused; the refusal itself is what the caller raises, so
+    a failure to write this span must not replace it."""
+    try:
+        opened = _open_span(prepared)
+    except Exception:
+        return  # logged, or raised under RAISE_INTERNAL_ERRORS: the refusal matters more
+    if opened is None:
+        return
+    span, token = opened
+    try:
+        with handle_internal_errors("recording a refused call"):
+            record_failure(span, exc)
+            span.set_attribute(k.STATUS, k.STATUS_SKIPPED)
+    finally:
+        _close_span(span, token)
+
+
+def _open_decided(
+    prepared: _Prepared, decision: ReplayDecision | None
+) -> tuple[Span, object] | None:
+    """:func:`_open_span` after the decision. Inside a session a span that cannot be opened is
+    raised (``_fail_or_log``); a call the session already let execute is then ended with that
+    error, so the session does not wait for it."""
+    try:
+        return _open_span(prepared)
+    except BaseException as exc:
+        if decision is not None and decision.action == "executed":
+            current_session_end(decision, None, exc)
+        raise
+
+
+def _substituted(span: Span, prepared: _Prepared, decision: ReplayDecision) -> Any:
+    """The recorded result of a substituted call (its attributes went on the span at start)."""
+    if decision.output is not None and prepared.kept is not None:
+        prepared.kept[k.OUTPUT] = decision.output
     if decision.error is not None:
         record_failure(span, decision.error)
         raise decision.error
@@ -340,7 +389,8 @@ def _finish_ok(
         if prepared.call.kind == "llm":
             attributes.update(_usage_attributes(result))
         span.set_attributes(attributes)
-        _keep_payload(span, k.OUTPUT, payload)
+        if prepared.kept is not None:
+            prepared.kept[k.OUTPUT] = payload
     if decision is not None:
         current_session_end(decision, payload, None)
 
@@ -361,15 +411,16 @@ def current_session_end(
 
 
 def _run_sync(prepared: _Prepared | None, body: Callable[[], R]) -> R:
-    opened = None if prepared is None else _open_span(prepared)
-    if prepared is None or opened is None:
+    if prepared is None:
+        return body()  # stepfork could not prepare this call (logged): the call still runs
+    decision = _decide(prepared)
+    opened = _open_decided(prepared, decision)
+    if opened is None:
         return body()  # stepfork could not record this call (logged): the call still runs
     span, token = opened
     try:
-        decided = _decide(prepared, span)
-        decision = None if decided is None else decided[0]
-        if decided is not None and decided[0].action == "substituted":
-            return typing.cast(R, _finish_substituted(span, *decided))
+        if decision is not None and decision.action == "substituted":
+            return typing.cast(R, _substituted(span, prepared, decision))
         try:
             result = body()
         except BaseException as exc:
@@ -382,15 +433,16 @@ def _run_sync(prepared: _Prepared | None, body: Callable[[], R]) -> R:
 
 
 async def _run_async(prepared: _Prepared | None, body: Callable[[], Awaitable[R]]) -> R:
-    opened = None if prepared is None else _open_span(prepared)
-    if prepared is None or opened is None:
+    if prepared is None:
+        return await body()
+    decision = _decide(prepared)
+    opened = _open_decided(prepared, decision)
+    if opened is None:
         return await body()
     span, token = opened
     try:
-        decided = _decide(prepared, span)
-        decision = None if decided is None else decided[0]
-        if decided is not None and decided[0].action == "substituted":
-            return typing.cast(R, _finish_substituted(span, *decided))
+        if decision is not None and decision.action == "substituted":
+            return typing.cast(R, _substituted(span, prepared, decision))
         try:
             result = await body()
         except BaseException as exc:

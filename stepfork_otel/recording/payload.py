@@ -35,8 +35,13 @@ class Payload:
         return cls(text, hashlib.sha256(data).hexdigest(), len(data))
 
 
-def capture(value: Any, redactor: Redactor) -> Payload:
-    """Redacted canonical JSON of ``value`` and its fingerprint."""
+def capture(value: Any, redactor: Redactor, recorded: tuple[str, str] | None = None) -> Payload:
+    """Redacted canonical JSON of ``value`` and its fingerprint.
+
+    ``recorded`` (during replay): the (text, fingerprint) of the recorded input the session
+    expects next. A canonical text byte-identical to it is already redacted -- it *is* redacted
+    text, and redaction is idempotent -- so it is taken with its verified fingerprint, without
+    running redaction or hashing again. Any other text goes the usual way."""
     unserialisable = False
     try:
         raw = canonical_bytes(value)
@@ -44,6 +49,8 @@ def capture(value: Any, redactor: Redactor) -> Payload:
         raw = canonical_bytes(unserialisable_marker(value, str(exc)))
         unserialisable = True
     text = raw.decode("utf-8")
+    if recorded is not None and not unserialisable and text == recorded[0]:
+        return Payload(recorded[0], recorded[1], len(raw))
     redacted = redactor.redact_canonical(text)
     if redacted is not text:
         raw = redacted.encode("utf-8")

@@ -488,6 +488,19 @@ class ReplaySession:
                 self._divergences.append(exc)
                 raise
 
+    def expected_input(self) -> tuple[str, str] | None:
+        """The recorded input text and fingerprint of the call the recording expects next, or
+        None. A hint for the boundary, which skips redacting and hashing a live input that is
+        byte-identical to it (see ``capture``). Read without the lock: every recorded input is
+        already-redacted text, so a hint that went stale under a concurrent call costs only the
+        shortcut, never the match (which :meth:`begin_call` makes under the lock)."""
+        plan, cursor = self._plan, self._cursor
+        if cursor >= len(plan):
+            return None
+        expected = plan[cursor]
+        text, sha = expected.event.input, expected.input_sha256
+        return None if text is None or sha is None else (text, sha)
+
     def end_call(
         self, decision: ReplayDecision, output: Payload | None, error: BaseException | None
     ) -> None:
