@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from conftest import Recording
 from opentelemetry import trace as trace_api
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 import stepfork_otel._internal as internal
@@ -333,3 +334,47 @@ def test_error_events_keep_their_order_among_calls(recording: Recording, tmp_pat
     errors = [e for e in trace.events if isinstance(e, ErrorEvent)]
     assert [e.message for e in errors] == ["no 0", "no 1", "no 2"]
     assert [e.type for e in trace.events] == ["tool_call", "error", "tool_call", "tool_result"] * 3
+
+
+def test_boundary_calls_outside_any_span_with_nowhere_to_go_are_not_buffered(
+    tmp_path: Path,
+) -> None:
+    """No directory, no run: a lone boundary call (a test replaying an agent outside any span)
+    cannot end up in a bundle, so the processor keeps nothing of it -- not even for a moment --
+    while a run made inside such a call still gets its bundle, nested calls and all."""
+    provider = TracerProvider()
+    processor = configure(tracer_provider=provider)
+    try:
+        assert processor.directory is None
+        seen: list[int] = []
+        real = processor._buffer
+
+        def spy(*args: Any) -> Any:
+            seen.append(len(processor._traces))
+            return real(*args)
+
+        processor._buffer = spy  # type: ignore[method-assign]
+        assert lookup("x") == ["x-0", "x-1"]
+        assert seen == []  # never buffered
+        assert nested("y") == "Y"  # a call inside it is (a run could start there), then dropped
+        assert processor._traces == {}
+        assert boundaries.side_payloads == {}
+
+        @trace_tool
+        def outer() -> str:
+            with record(tmp_path / "inner.sftrace"):
+                return nested("z")
+
+        assert outer() == "Z"
+        trace = Trace.load(tmp_path / "inner.sftrace")
+        assert [(e.type, e.parent_id) for e in trace.events] == [
+            ("tool_call", None),
+            ("llm_request", "call-1"),
+            ("llm_response", "call-2"),
+            ("tool_result", "call-1"),
+        ]
+        assert processor._traces == {}
+        assert seen  # the run and the calls inside it were buffered
+    finally:
+        processor.shutdown()
+        provider.shutdown()

@@ -94,7 +94,7 @@ def _local_parent(span: ReadableSpan) -> int | None:
     return None if parent is None or parent.is_remote else parent.span_id
 
 
-@dataclass
+@dataclass(slots=True)
 class _OpenTrace:
     ended: dict[int, tuple[ReadableSpan, dict[str, Payload]]] = field(default_factory=dict)
     open: dict[int, Span] = field(default_factory=dict)
@@ -250,11 +250,25 @@ class SftraceSpanProcessor(SpanProcessor):
         for key in [key for key in self._destinations if key[0] in orphans]:
             del self._destinations[key]
 
+    def _unwritten(self, span: ReadableSpan, trace_id: int) -> bool:
+        """A boundary call that is its own local root (made outside any span, as in a test that
+        replays an agent), with nowhere to write its trace's bundle: no directory, no destination.
+        Nothing of it can end up in a bundle, so it is not buffered at all (caller holds lock)."""
+        return (
+            self.directory is None
+            and _local_parent(span) is None
+            and _kind(span) in k.BOUNDARY_KINDS
+            and trace_id not in self._traces
+            and (trace_id, None) not in self._destinations
+        )
+
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         with handle_internal_errors("tracking a started span"):
             ctx = span.get_span_context()
             if ctx is None or self._shutdown:
                 return
+            if self.directory is None and span.parent is None and _kind(span) in k.BOUNDARY_KINDS:
+                return  # see _unwritten: its end is not buffered either
             with self._lock:
                 entry = self._entry(ctx.trace_id)
                 if entry is None or entry.size() >= self.max_spans_per_trace:
@@ -275,6 +289,8 @@ class SftraceSpanProcessor(SpanProcessor):
             is_run = kind == k.KIND_RUN
             jobs: list[_Job] = []
             with self._lock:
+                if is_local_root and not is_run and self._unwritten(span, ctx.trace_id):
+                    return
                 jobs = self._buffer(
                     span, ctx.trace_id, ctx.span_id, payloads, is_run, is_local_root
                 )
@@ -388,7 +404,10 @@ class SftraceSpanProcessor(SpanProcessor):
         else:
             ids = subtree(entry.parents(), root_id)
         jobs: list[_Job] = []
-        has_boundary = write and (
+        # the trace's own bundle goes to a destination set for it, or to the configured directory:
+        # with neither (a boundary call outside any run, with no directory) nothing is written
+        wanted = write and (self.directory is not None or (trace_id, None) in self._destinations)
+        has_boundary = wanted and (
             any(_kind(entry.ended[i][0]) in k.BOUNDARY_KINDS for i in ids if i in entry.ended)
             or any(_kind(entry.open[i]) in k.BOUNDARY_KINDS for i in ids if i in entry.open)
         )
