@@ -1,11 +1,19 @@
-"""Replay adds no secret material: a live body's exception is redacted in what the session keeps."""
+"""Replay adds no secret material: a live body's exception is redacted in what the session keeps,
+and a live input is redacted unless it is the recorded (already redacted) text itself."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from conftest import Recording
 
-from stepfork_otel import ReplaySession, record, trace_tool
+from stepfork_otel import ReplayMismatchError, ReplaySession, Trace, record, trace_tool
+from stepfork_otel import constants as k
+from stepfork_otel.recording import payload as payload_module
+from stepfork_otel.recording.settings import update_settings
+from stepfork_otel.trace.redaction import Redactor
 
 SECRET = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
 fail_live = False
@@ -37,3 +45,71 @@ def test_live_tool_exception_is_redacted_in_replayed_calls(recording: Recording)
     assert call.error is not None
     assert SECRET not in call.error
     assert "[REDACTED:github_token]" in call.error
+
+
+# --- a live input identical to its recording is taken as recorded ---------------------------------
+
+
+class CountingRedactor(Redactor):
+    """The default rules, counting the payloads redaction looked at."""
+
+    def redact_canonical(self, canonical: str) -> str:
+        seen.append(canonical)
+        return super().redact_canonical(canonical)
+
+
+seen: list[str] = []
+
+
+@trace_tool
+def search(query: str, key: str = "") -> dict[str, str]:
+    return {"query": query, "hit": query[::-1]}
+
+
+def test_an_input_identical_to_the_recording_is_not_redacted_or_hashed_again(
+    recording: Recording, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = recording.directory / "run.sftrace"
+    with record(path):
+        search("paris")
+        search("rome", key=SECRET)
+    trace = Trace.load(path)
+    recorded = [call.input for call in trace.calls]
+    assert SECRET not in "".join(str(text) for text in recorded)
+    hashed: list[bytes] = []
+    real_sha256 = payload_module.hashlib.sha256
+
+    def counting_sha256(data: bytes) -> Any:
+        hashed.append(data)
+        return real_sha256(data)
+
+    monkeypatch.setattr(payload_module, "hashlib", SimpleNamespace(sha256=counting_sha256))
+    update_settings(redactor=CountingRedactor())
+    seen.clear()
+    with ReplaySession.from_trace(path) as replay:
+        assert search("paris") == {"query": "paris", "hit": "sirap"}
+        # the secret makes this input differ from its redacted recording: redacted as usual,
+        # then it matches
+        assert search("rome", key=SECRET) == {"query": "rome", "hit": "emor"}
+        replay.verify_complete()
+    assert seen == ['{"key":"' + SECRET + '","query":"rome"}']
+    assert len(hashed) == 1  # the redacted "rome" input; "paris" took its recorded fingerprint
+    assert [c.input for c in replay.calls] == recorded
+    assert [c.input_sha256 for c in replay.calls] == [c.input_sha256 for c in trace.calls]
+    replay_spans = [
+        s for s in recording.exporter.get_finished_spans() if s.attributes.get(k.REPLAY_MODE)
+    ]
+    assert [s.attributes[k.INPUT] for s in replay_spans] == recorded
+    assert SECRET not in str([dict(s.attributes) for s in replay_spans])
+
+
+def test_the_recorded_input_is_only_a_shortcut_never_a_match(recording: Recording) -> None:
+    path = recording.directory / "run.sftrace"
+    with record(path):
+        search("paris")
+    with (
+        ReplaySession.from_trace(path) as replay,
+        pytest.raises(ReplayMismatchError, match="input differs"),
+    ):
+        search("pariS")
+    assert replay.calls[0].action == "rejected"
