@@ -250,14 +250,14 @@ class SftraceSpanProcessor(SpanProcessor):
         for key in [key for key in self._destinations if key[0] in orphans]:
             del self._destinations[key]
 
-    def _unwritten(self, span: ReadableSpan, trace_id: int) -> bool:
-        """A boundary call that is its own local root (made outside any span, as in a test that
-        replays an agent), with nowhere to write its trace's bundle: no directory, no destination.
-        Nothing of it can end up in a bundle, so it is not buffered at all (caller holds lock)."""
+    def _unwritten(self, trace_id: int, kind: Any) -> bool:
+        """Whether the span that just ended, a local root of ``kind``, is a boundary call made
+        outside any span (as in a test that replays an agent) with nowhere to write its trace's
+        bundle: no directory, no destination, nothing else of its trace buffered. Nothing of it
+        can end up in a bundle, so it is not buffered at all (caller holds the lock)."""
         return (
             self.directory is None
-            and _local_parent(span) is None
-            and _kind(span) in k.BOUNDARY_KINDS
+            and kind in k.BOUNDARY_KINDS
             and trace_id not in self._traces
             and (trace_id, None) not in self._destinations
         )
@@ -289,7 +289,7 @@ class SftraceSpanProcessor(SpanProcessor):
             is_run = kind == k.KIND_RUN
             jobs: list[_Job] = []
             with self._lock:
-                if is_local_root and not is_run and self._unwritten(span, ctx.trace_id):
+                if is_local_root and self._unwritten(ctx.trace_id, kind):
                     return
                 jobs = self._buffer(
                     span, ctx.trace_id, ctx.span_id, payloads, is_run, is_local_root

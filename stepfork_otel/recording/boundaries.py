@@ -274,8 +274,10 @@ def _fail_or_log(what: str) -> None:
     log_internal_error(what)
 
 
-def _open_span(prepared: _Prepared) -> tuple[Span, object] | None:
-    """Start the boundary span and make it current; None (logged) if stepfork itself failed."""
+def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object | None] | None:
+    """Start the boundary span; None (logged) if stepfork itself failed. When the call's body
+    will run in it (``body``), the span is made current, so calls made inside are its children
+    and continue its trace's numbering; a substituted or refused call runs nothing inside."""
     try:
         parent = trace_api.get_current_span().get_span_context()
         if parent.is_valid:
@@ -293,9 +295,11 @@ def _open_span(prepared: _Prepared) -> tuple[Span, object] | None:
             record_exception=False,
             set_status_on_exception=False,
         )
-        if not parent.is_valid:
-            _first_call_of_trace(span.get_span_context().trace_id)
-        token = context_api.attach(trace_api.set_span_in_context(span))
+        token = None
+        if body:
+            if not parent.is_valid:
+                _first_call_of_trace(span.get_span_context().trace_id)
+            token = context_api.attach(trace_api.set_span_in_context(span))
     except Exception:
         _fail_or_log("opening a boundary span")
         return None
@@ -304,9 +308,10 @@ def _open_span(prepared: _Prepared) -> tuple[Span, object] | None:
     return span, token
 
 
-def _close_span(span: Span, token: object) -> None:
+def _close_span(span: Span, token: object | None) -> None:
     with handle_internal_errors("ending a boundary span"):
-        context_api.detach(token)  # type: ignore[arg-type]
+        if token is not None:
+            context_api.detach(token)  # type: ignore[arg-type]
         span.end()
 
 
@@ -340,7 +345,7 @@ def _record_refusal(prepared: _Prepared, exc: BaseException) -> None:
     """The span of a call the session refused; the refusal itself is what the caller raises, so
     a failure to write this span must not replace it."""
     try:
-        opened = _open_span(prepared)
+        opened = _open_span(prepared, body=False)
     except Exception:
         return  # logged, or raised under RAISE_INTERNAL_ERRORS: the refusal matters more
     if opened is None:
@@ -356,12 +361,12 @@ def _record_refusal(prepared: _Prepared, exc: BaseException) -> None:
 
 def _open_decided(
     prepared: _Prepared, decision: ReplayDecision | None
-) -> tuple[Span, object] | None:
+) -> tuple[Span, object | None] | None:
     """:func:`_open_span` after the decision. Inside a session a span that cannot be opened is
     raised (``_fail_or_log``); a call the session already let execute is then ended with that
     error, so the session does not wait for it."""
     try:
-        return _open_span(prepared)
+        return _open_span(prepared, body=decision is None or decision.action != "substituted")
     except BaseException as exc:
         if decision is not None and decision.action == "executed":
             current_session_end(decision, None, exc)

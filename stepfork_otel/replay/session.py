@@ -568,26 +568,33 @@ class ReplaySession:
             note = "its live answer was the same as the recorded one"
         return live.description, [f"  (call {replayed.position} of this run: {note})"]
 
+    def _refuse(
+        self,
+        call: BoundaryCall,
+        position: int,
+        reason: str,
+        expected: RecordedCall | None = None,
+    ) -> ReplayPolicyError:
+        # descriptions are built only on the way to an error: the hot path never pays for them
+        return ReplayPolicyError(
+            reason,
+            position=position,
+            expected=expected.describe() if expected is not None else None,
+            actual=self._actual(call),
+        )
+
     def _begin(self, call: BoundaryCall, replayed: ReplayedCall) -> ReplayDecision:
         position = replayed.position
-
-        def refuse(reason: str, expected: RecordedCall | None = None) -> ReplayPolicyError:
-            # descriptions are built only on the way to an error: the hot path never pays for them
-            return ReplayPolicyError(
-                reason,
-                position=position,
-                expected=expected.describe() if expected is not None else None,
-                actual=self._actual(call),
-            )
-
-        label = f"llm {call.provider}/{call.model}" if call.kind == "llm" else f"tool {call.name}"
+        refuse = self._refuse
         # forbidden and manual-without-approver refuse before matching: nothing to match for
         if self.mode is ReplayMode.FORBIDDEN:
-            raise refuse("replay mode 'forbidden' rejects every dependency call")
+            raise refuse(call, position, "replay mode 'forbidden' rejects every dependency call")
         if self.mode is ReplayMode.MANUAL and self.approve is None:
             raise refuse(
+                call,
+                position,
                 "replay mode 'manual' needs an explicit approval for every call and no approval "
-                "callback was given (ReplaySession(..., approve=...))"
+                "callback was given (ReplaySession(..., approve=...))",
             )
         expected, plan = self._match(call, position)
         replayed.recorded_id = expected.event.id
@@ -596,6 +603,8 @@ class ReplaySession:
         policy = expected.policy
         if policy is ReplayPolicy.FORBIDDEN and self.mode is not ReplayMode.MANUAL:
             raise refuse(
+                call,
+                position,
                 f"the recorded call {expected.event.id} has replay policy 'forbidden': it is never "
                 "replayed automatically, whatever the mode or allowlist (replay it in manual mode "
                 "with an explicit approval to substitute its recorded result)",
@@ -603,6 +612,8 @@ class ReplaySession:
             )
         if plan == _DENY:
             raise refuse(
+                call,
+                position,
                 f"tool {call.name!r} may not run live: live mode executes a tool only when it is "
                 f"named in allow_live_tools (--allow-live-tool {call.name}); its body did not run "
                 "and its recorded response was not consumed",
@@ -612,6 +623,9 @@ class ReplaySession:
             ReplayPolicy.MANUAL,
             ReplayPolicy.FORBIDDEN,
         ):
+            label = (
+                f"llm {call.provider}/{call.model}" if call.kind == "llm" else f"tool {call.name}"
+            )
             why = (
                 "manual mode"
                 if self.mode is ReplayMode.MANUAL
@@ -619,13 +633,18 @@ class ReplaySession:
             )
             if self.approve is None:
                 raise refuse(
+                    call,
+                    position,
                     f"{label} needs an explicit approval ({why}) and no approval callback was "
                     "given (ReplaySession(..., approve=...))",
                     expected,
                 )
             if not self.approve(expected):
                 raise refuse(
-                    f"{label} needs an explicit approval ({why}) and was not approved", expected
+                    call,
+                    position,
+                    f"{label} needs an explicit approval ({why}) and was not approved",
+                    expected,
                 )
         if plan == _EXECUTE:
             return self._execute(replayed, expected)
@@ -645,6 +664,41 @@ class ReplaySession:
         if call.kind == "llm":  # live
             return _EXECUTE
         return _EXECUTE if call.name in self.allow_live_tools else _DENY
+
+    def _mismatch(
+        self,
+        call: BoundaryCall,
+        position: int,
+        expected: RecordedCall,
+        parent: int | None,
+        reason: str,
+        details: list[str] | None = None,
+    ) -> ReplayMismatchError:
+        after, after_details = self._after_live()
+        exp = expected.describe()
+        error_type: type[ReplayMismatchError] = ReplayMismatchError
+        later = self._recorded_later(call, parent)
+        earlier = None if later is not None else self._consumed_earlier(call, parent)
+        if later is not None:
+            reason = (
+                f"call order differs: this call was recorded later, as {later.event.id}, but "
+                f"the next recorded call is {exp.label()} ({expected.event.id}) [{reason}]"
+            )
+        elif earlier is not None:
+            error_type = ReplayExhaustedError
+            reason = (
+                f"recorded call consumed twice: this call's recorded answer ({earlier.event.id})"
+                f" was already consumed, and the recording has it once; the next recorded "
+                f"call is {exp.label()} ({expected.event.id}) [{reason}]"
+            )
+        return error_type(
+            reason,
+            position=position,
+            expected=exp,
+            actual=self._actual(call),
+            details=after_details + (details or []),
+            after_live_call=after,
+        )
 
     def _match(self, call: BoundaryCall, position: int) -> tuple[RecordedCall, str]:
         if self._cursor >= len(self._plan):
@@ -668,33 +722,6 @@ class ReplaySession:
         expected = self._plan[self._cursor]
         parent = self._executing.get()
 
-        def mismatch(reason: str, details: list[str] | None = None) -> ReplayMismatchError:
-            after, after_details = self._after_live()
-            exp = expected.describe()
-            error_type: type[ReplayMismatchError] = ReplayMismatchError
-            later = self._recorded_later(call, parent)
-            earlier = None if later is not None else self._consumed_earlier(call, parent)
-            if later is not None:
-                reason = (
-                    f"call order differs: this call was recorded later, as {later.event.id}, but "
-                    f"the next recorded call is {exp.label()} ({expected.event.id}) [{reason}]"
-                )
-            elif earlier is not None:
-                error_type = ReplayExhaustedError
-                reason = (
-                    f"recorded call consumed twice: this call's recorded answer ({earlier.event.id})"
-                    f" was already consumed, and the recording has it once; the next recorded "
-                    f"call is {exp.label()} ({expected.event.id}) [{reason}]"
-                )
-            return error_type(
-                reason,
-                position=position,
-                expected=exp,
-                actual=self._actual(call),
-                details=after_details + (details or []),
-                after_live_call=after,
-            )
-
         if expected.parent != parent:
             where = "at run level" if parent is None else f"inside {self._plan[parent].event.id}"
             rec_where = (
@@ -702,37 +729,67 @@ class ReplaySession:
                 if expected.parent is None
                 else f"inside {self._plan[expected.parent].event.id}"
             )
-            raise mismatch(f"call made {where}, but the next recorded call was made {rec_where}")
+            raise self._mismatch(
+                call,
+                position,
+                expected,
+                parent,
+                f"call made {where}, but the next recorded call was made {rec_where}",
+            )
         if expected.kind != call.kind:
-            raise mismatch(
-                f"kind differs: recorded {_a(expected.kind)} call, this run made {_a(call.kind)} call"
+            raise self._mismatch(
+                call,
+                position,
+                expected,
+                parent,
+                f"kind differs: recorded {_a(expected.kind)} call, this run made {_a(call.kind)} call",
             )
         event = expected.event
         if isinstance(event, ToolCall) and event.name != call.name:
-            raise mismatch(
-                f"tool name differs: recorded {event.name!r}, this run called {call.name!r}"
+            raise self._mismatch(
+                call,
+                position,
+                expected,
+                parent,
+                f"tool name differs: recorded {event.name!r}, this run called {call.name!r}",
             )
         if isinstance(event, LlmRequest):
             if event.provider != call.provider:
-                raise mismatch(
+                raise self._mismatch(
+                    call,
+                    position,
+                    expected,
+                    parent,
                     f"LLM provider differs: recorded {event.provider!r}, this run used "
-                    f"{call.provider!r}"
+                    f"{call.provider!r}",
                 )
             if event.model != call.model:
-                raise mismatch(
-                    f"LLM model differs: recorded {event.model!r}, this run used {call.model!r}"
+                raise self._mismatch(
+                    call,
+                    position,
+                    expected,
+                    parent,
+                    f"LLM model differs: recorded {event.model!r}, this run used {call.model!r}",
                 )
         plan = self._plan_for(call, expected)
         drift_allowed = plan == _EXECUTE and self.mode is ReplayMode.HYBRID
         if call.input.unserialisable:
-            raise mismatch(
+            raise self._mismatch(
+                call,
+                position,
+                expected,
+                parent,
                 "the input of this call has no canonical JSON form, so it cannot be matched "
-                f"against the recording ({call.input.text}); make the arguments JSON-encodable"
+                f"against the recording ({call.input.text}); make the arguments JSON-encodable",
             )
         if event.input is None and expected.input_sha256 is None:
-            raise mismatch(
+            raise self._mismatch(
+                call,
+                position,
+                expected,
+                parent,
                 f"the recorded input of {event.id} is missing "
-                f"({event.input_missing or 'not recorded'}) and has no fingerprint to match"
+                f"({event.input_missing or 'not recorded'}) and has no fingerprint to match",
             )
         same_input = (
             event.input == call.input.text
@@ -745,21 +802,35 @@ class ReplaySession:
                 if call.kind == "tool"
                 else " (the prompt payload passed to llm_request is part of the input)"
             )
-            raise mismatch(
+            raise self._mismatch(
+                call,
+                position,
+                expected,
+                parent,
                 "input differs from the recording" + hint,
                 [] if event.input is None else first_difference(event.input, call.input.text),
             )
         if same_input and expected.input_sha256 not in (None, call.input.sha256):
-            raise mismatch("input fingerprint differs from the recorded fingerprint")
+            raise self._mismatch(
+                call,
+                position,
+                expected,
+                parent,
+                "input fingerprint differs from the recorded fingerprint",
+            )
         if (
             isinstance(event, LlmRequest)
             and event.model_fingerprint is not None
             and call.model_fingerprint is not None
             and event.model_fingerprint != call.model_fingerprint
         ):
-            raise mismatch(
+            raise self._mismatch(
+                call,
+                position,
+                expected,
+                parent,
                 f"model fingerprint differs: recorded operation {event.operation!r}, this run "
-                f"used {call.operation!r}"
+                f"used {call.operation!r}",
             )
         return expected, plan
 
@@ -812,19 +883,21 @@ class ReplaySession:
             )
         return ReplayDecision("executed", handle=(replayed, expected, token))
 
+    def _missing(
+        self, call: BoundaryCall, position: int, expected: RecordedCall, reason: str
+    ) -> ReplayMismatchError:
+        return ReplayMismatchError(
+            f"missing result: {reason}",
+            position=position,
+            expected=expected.describe(),
+            actual=self._actual(call),
+        )
+
     def _substitute(
         self, call: BoundaryCall, replayed: ReplayedCall, expected: RecordedCall, position: int
     ) -> ReplayDecision:
         outcome = expected.outcome
         recorded = expected.event.id
-
-        def missing(reason: str) -> ReplayMismatchError:
-            return ReplayMismatchError(
-                f"missing result: {reason}",
-                position=position,
-                expected=expected.describe(),
-                actual=self._actual(call),
-            )
 
         if outcome is None:
             cut = (
@@ -832,34 +905,49 @@ class ReplaySession:
                 if not self.trace.complete
                 else " (the run was cut short or the span was lost)"
             )
-            raise missing(
+            raise self._missing(
+                call,
+                position,
+                expected,
                 f"the recorded call {recorded} has no recorded result{cut}, so it cannot be "
-                "substituted"
+                "substituted",
             )
         if isinstance(outcome, ErrorEvent) and outcome.status == "skipped":
-            raise missing(
+            raise self._missing(
+                call,
+                position,
+                expected,
                 f"the recorded call {recorded} was rejected before its body ran in the recorded "
-                f"run (itself a replay: {outcome.error_type}), so it has no result to substitute"
+                f"run (itself a replay: {outcome.error_type}), so it has no result to substitute",
             )
         if outcome.output is None and not isinstance(outcome, ErrorEvent):
-            raise missing(
+            raise self._missing(
+                call,
+                position,
+                expected,
                 f"the recorded result of {recorded} is missing "
                 f"({outcome.output_missing or 'not recorded'}): it was left off the span, so it "
-                "cannot be substituted; replay the local bundle, or raise the span payload cap"
+                "cannot be substituted; replay the local bundle, or raise the span payload cap",
             )
         value: Any = None
         if not isinstance(outcome, ErrorEvent):
             try:
                 value = payload_value(outcome.output)
             except ValueError:  # orjson.JSONDecodeError; a hand-built or damaged bundle
-                raise missing(
+                raise self._missing(
+                    call,
+                    position,
+                    expected,
                     f"the recorded result of {recorded} is not valid JSON, so replay cannot "
-                    "substitute it"
+                    "substitute it",
                 ) from None
             if isinstance(value, dict) and UNSERIALISABLE_MARKER in value and len(value) == 1:
-                raise missing(
+                raise self._missing(
+                    call,
+                    position,
+                    expected,
                     f"the recorded result of {recorded} could not be serialised when it was "
-                    f"recorded ({value[UNSERIALISABLE_MARKER]}), so replay cannot substitute it"
+                    f"recorded ({value[UNSERIALISABLE_MARKER]}), so replay cannot substitute it",
                 )
         expected.state = "consumed"
         if expected.children:
