@@ -7,8 +7,7 @@ that keeps the guarantees: one orjson encode, one cheap redaction pre-check on t
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from stepfork_otel.trace.canonical import (
     UnserialisableError,
@@ -18,9 +17,11 @@ from stepfork_otel.trace.canonical import (
 from stepfork_otel.trace.redaction import Redactor
 
 
-@dataclass(frozen=True, slots=True)
-class Payload:
-    """A recorded payload: the redacted canonical JSON text and its fingerprint."""
+class Payload(NamedTuple):
+    """A recorded payload: the redacted canonical JSON text and its fingerprint.
+
+    A named tuple rather than a frozen dataclass: two or three are made per boundary call, and a
+    frozen dataclass's ``__init__`` costs twice as much."""
 
     text: str
     sha256: str

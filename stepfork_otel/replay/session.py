@@ -78,7 +78,7 @@ Approver = Callable[[RecordedCall], bool]
 _EXECUTE, _SUBSTITUTE, _DENY = "execute", "substitute", "deny"
 
 
-@dataclass
+@dataclass(slots=True)
 class ReplayedCall:
     """A call the agent actually made during replay (what the assertions look at)."""
 
