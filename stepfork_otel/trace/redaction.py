@@ -322,6 +322,8 @@ class _Group:
     anchor: int
     needles: tuple[bytes, ...]
     regex: re.Pattern[bytes]
+    placed: tuple[tuple[bytes, int], ...]
+    """Each needle with the offset of the anchor in it (where the regex's match starts)."""
 
     @classmethod
     def of(cls, anchor: int, needles: list[bytes]) -> _Group:
@@ -331,7 +333,8 @@ class _Group:
             re.escape(n[n.index(anchor) + 1 :]) + b"(?<=" + re.escape(n) + b")" for n in needles
         )
         regex = re.compile(re.escape(bytes([anchor])) + b"(?:" + alternatives + b")")
-        return cls(anchor, tuple(needles), regex)
+        placed = tuple((n, n.index(anchor)) for n in needles)
+        return cls(anchor, tuple(needles), regex, placed)
 
 
 def _group_needles(needles: Iterable[bytes]) -> tuple[_Group, ...]:
@@ -351,10 +354,21 @@ def _group_needles(needles: Iterable[bytes]) -> tuple[_Group, ...]:
 
 
 def _found_needles(groups: tuple[_Group, ...], data: bytes) -> set[bytes]:
+    """Every grouped needle that occurs in ``data``. A group whose anchor byte is absent costs one
+    ``memchr``; otherwise its regex finds each anchor position where some needle matches, and
+    there each of the group's needles is compared in place (two needles can match at the same
+    anchor, and the regex reports one): a few comparisons per hit, not a scan per needle."""
     found: set[bytes] = set()
     for g in groups:
-        if g.anchor in data and g.regex.search(data) is not None:
-            found.update(n for n in g.needles if n in data)
+        if g.anchor not in data:
+            continue
+        match = g.regex.search(data)
+        while match is not None:
+            at = match.start()
+            for needle, offset in g.placed:
+                if at >= offset and data.startswith(needle, at - offset):
+                    found.add(needle)
+            match = g.regex.search(data, at + 1)
     return found
 
 
