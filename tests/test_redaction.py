@@ -23,6 +23,7 @@ from stepfork_otel.trace.redaction import (
     DEFAULT_REDACTOR,
     KEY_MARKER,
     MAX_MESSAGE_CHARS,
+    _found_needles,
     fold,
 )
 
@@ -269,6 +270,21 @@ def test_precheck_is_sound_on_random_fragments_of_every_rule() -> None:
                     redactor.redact(json.loads(text))
                 )
     assert misses == 0
+
+
+def test_grouped_needle_search_finds_exactly_the_needles_present() -> None:
+    # one regex per anchor byte, then in-place comparisons at its hits: the same set as looking
+    # for every needle on its own, overlapping and repeated occurrences included
+    rng = random.Random(99)
+    redactor = Redactor().with_rules(keys=["ssn", "my-Cookie_Jar"])
+    for _ in range(3000):
+        text = canonical_json(_random_payload(rng))
+        for groups, data in (
+            (redactor._raw_groups, text.encode("utf-8")),
+            (redactor._folded_groups, fold(text)),
+        ):
+            expected = {n for g in groups for n in g.needles if n in data}
+            assert _found_needles(groups, data) == expected, text[:200]
 
 
 def test_precheck_misses_are_detected_by_these_tests() -> None:
