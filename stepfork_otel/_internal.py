@@ -34,6 +34,16 @@ def log_internal_error(
     )
 
 
+def log_or_raise(what: str) -> None:
+    """What :class:`handle_internal_errors` does, as a call for an ``except Exception`` block:
+    log the exception being handled (or re-raise it under :data:`RAISE_INTERNAL_ERRORS`). The
+    boundaries' hot path uses it: a ``try`` costs nothing until it fails, entering a context
+    manager costs ~0.1 us every time."""
+    if RAISE_INTERNAL_ERRORS:
+        raise  # only ever called from an except block: re-raises what it handles
+    log_internal_error(what)
+
+
 class handle_internal_errors:
     """Run a block of stepfork's own work; log (never raise) any ``Exception`` it throws.
 

@@ -34,7 +34,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from stepfork_otel import _internal
 from stepfork_otel import constants as k
-from stepfork_otel._internal import handle_internal_errors, log_internal_error
+from stepfork_otel._internal import handle_internal_errors, log_internal_error, log_or_raise
 from stepfork_otel.recording import settings as _settings
 from stepfork_otel.recording.payload import Payload, capture
 from stepfork_otel.replay.context import BoundaryCall, ReplayDecision, current_session
@@ -285,8 +285,10 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
         else:
             seq, start = 1, call_start_time()
         prepared.attributes[k.CALL_SEQ] = seq
-        with handle_internal_errors("writing the call input on its span"):
+        try:
             prepared.attributes.update(payload_attributes(k.INPUT, prepared.call.input))
+        except Exception:
+            log_or_raise("writing the call input on its span")
         span = _settings.tracer().start_span(
             prepared.span_name,
             kind=prepared.span_kind,
@@ -303,16 +305,20 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
     except Exception:
         _fail_or_log("opening a boundary span")
         return None
-    with handle_internal_errors("handing the call input to the bundle processor"):
+    try:
         prepared.kept = _keep_payload(span, k.INPUT, prepared.call.input)
+    except Exception:
+        log_or_raise("handing the call input to the bundle processor")
     return span, token
 
 
 def _close_span(span: Span, token: object | None) -> None:
-    with handle_internal_errors("ending a boundary span"):
+    try:
         if token is not None:
             context_api.detach(token)  # type: ignore[arg-type]
         span.end()
+    except Exception:
+        log_or_raise("ending a boundary span")
 
 
 def _decide(prepared: _Prepared) -> ReplayDecision | None:
@@ -334,8 +340,10 @@ def _decide(prepared: _Prepared) -> ReplayDecision | None:
     attributes[k.REPLAY_ACTION] = decision.action
     if decision.action == "substituted":
         if decision.output is not None:
-            with handle_internal_errors("writing a substituted output on its span"):
+            try:
                 attributes.update(payload_attributes(k.OUTPUT, decision.output))
+            except Exception:
+                log_or_raise("writing a substituted output on its span")
         if decision.error is None:
             attributes[k.STATUS] = k.STATUS_OK
     return decision
@@ -387,7 +395,7 @@ def _finish_ok(
     span: Span, prepared: _Prepared, result: Any, decision: ReplayDecision | None
 ) -> None:
     payload: Payload | None = None
-    with handle_internal_errors("recording a call output"):
+    try:
         payload = capture(result, _settings.settings().redactor)
         attributes = payload_attributes(k.OUTPUT, payload)
         attributes[k.STATUS] = k.STATUS_OK
@@ -396,6 +404,8 @@ def _finish_ok(
         span.set_attributes(attributes)
         if prepared.kept is not None:
             prepared.kept[k.OUTPUT] = payload
+    except Exception:
+        log_or_raise("recording a call output")
     if decision is not None:
         current_session_end(decision, payload, None)
 
