@@ -632,6 +632,14 @@ HOSTILE: dict[str, tuple[bytes, str]] = {
         _SRC.replace(b'"seq":1,', b'"seq":1,"input":"{}",', 1),
         "line 4: event call-1: its payload belongs on its own line",
     ),
+    "payload inside the event line, as null": (
+        _SRC.replace(b'"id":"call-1.result",', b'"id":"call-1.result","output":null,', 1),
+        "line 6: event call-1.result: its payload belongs on its own line",
+    ),
+    "event line not JSON": (
+        _replace(_L, 7, _L[7][:40]),
+        "line 8: not valid JSON: unexpected end of data: line 1 column 41 (char 40)",
+    ),
     "payload without its wrapper": (
         _replace(_L, 4, _L[4][len(b'{"input":') : -1]),
         "line 5: not an event, payload or end line",
@@ -716,13 +724,36 @@ def test_chunk_boundaries_anywhere(
     gz = save_trace(make_trace(), tmp_path / "run.sftrace.gz")
     broken = _write(tmp_path / "b.sftrace", HOSTILE["two payload lines for one event"][0])
     expected = str(_load_error(broken))
+    invalid = _write(tmp_path / "i.sftrace", _edit_event(8, seq="5"))  # the last call
+    assert str(_load_error(invalid)).endswith(
+        "line 20: invalid bundle at events.8.tool_call.seq: Input should be a valid integer"
+    )
+    expected_invalid = str(_load_error(invalid))
     monkeypatch.setattr(bundle, "_CHUNK", chunk)
     assert Trace.load(plain) == make_trace()
     assert Trace.load(gz) == make_trace()
     assert str(_load_error(broken)) == expected
+    assert str(_load_error(invalid)) == expected_invalid
     assert "payload is not UTF-8" in str(
         _load_error(_write(tmp_path / "u.sftrace", HOSTILE["payload not UTF-8"][0]))
     )
+
+
+def test_the_line_break_is_not_part_of_what_is_parsed(tmp_path: Path) -> None:
+    """Lines are cut with their line break; a last line may lack one. Either way the same text is
+    parsed, and an error quotes the same position."""
+    no_final_newline = _write(tmp_path / "n.sftrace", _SRC[:-1])
+    assert Trace.load(no_final_newline) == make_trace()
+    cut_header = b'{"format":"sftrace","trace_id":"ab'
+    for name, data in (("a", cut_header), ("b", cut_header + b"\n")):
+        error = _load_error(_write(tmp_path / f"{name}.sftrace", data))
+        assert "not valid JSON (truncated or not a bundle): unexpected end of data: line 1 " in (
+            str(error)
+        )
+    cut_end = _joined([*_L[:-1], _L[-1][:12]])
+    for name, data in (("c", cut_end), ("d", cut_end[:-1])):
+        error = _load_error(_write(tmp_path / f"{name}.sftrace", data))
+        assert "end line is not valid JSON: unexpected end of data: line 1 column 13" in str(error)
 
 
 # --- integrity -----------------------------------------------------------------------------------
@@ -753,6 +784,28 @@ def test_tampered_fingerprints_are_found(tmp_path: Path) -> None:
         "call-2.result: output fingerprint mismatch: stored 000000000000…"
     )
     assert isinstance(problems[0], Problem)
+
+
+def test_verification_hashes_what_the_trace_holds_now(tmp_path: Path) -> None:
+    """Nothing computed at load stands in for a hash at verification: a loaded trace whose
+    payloads or fingerprints were changed afterwards, or whose events were swapped, is checked as
+    it is now."""
+    trace = Trace.load(save_trace(make_trace(), tmp_path / "run.sftrace"))
+    assert verify_integrity(trace) == []
+    call = trace.events[2]
+    assert isinstance(call, ToolCall)
+    assert call.input is not None
+    edited = call.model_copy(update={"input": call.input.replace("Lisbon", "Porto")})
+    refingerprinted = call.model_copy(update={"input_sha256": _sha("{}")})
+    for replacement in (edited, refingerprinted):
+        swapped = trace.model_copy(
+            update={"events": [*trace.events[:2], replacement, *trace.events[3:]]}
+        )
+        assert [p.message.split(":")[0] for p in verify_integrity(swapped)] == [
+            "input fingerprint mismatch"
+        ]
+    trace.events[2] = edited  # the list itself, after load
+    assert [p.event_id for p in verify_integrity(trace)] == ["call-2"]
 
 
 def test_legacy_bundles_without_fingerprints_load_and_verify_clean(tmp_path: Path) -> None:
