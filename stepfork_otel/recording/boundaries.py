@@ -116,10 +116,8 @@ def _keep_payload(span: Span, key: str, payload: Payload) -> dict[str, Payload] 
     if side_channel_listeners and span.is_recording():
         span_id = span.get_span_context().span_id
         with _side_lock:
-            kept = side_payloads.get(span_id)
-            if kept is None:
-                kept = side_payloads[span_id] = {}
-            kept[key] = payload
+            kept = side_payloads.setdefault(span_id, {})
+        kept[key] = payload
         return kept
     return None
 
@@ -330,7 +328,7 @@ def _decide(prepared: _Prepared) -> ReplayDecision | None:
     if session is None:
         return None
     attributes = prepared.attributes
-    attributes[k.REPLAY_MODE] = session.mode.value
+    attributes[k.REPLAY_MODE] = session.mode_name
     try:
         decision = session.begin_call(prepared.call)
     except BaseException as exc:

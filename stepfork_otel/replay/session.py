@@ -282,6 +282,8 @@ class ReplaySession:
         if not isinstance(trace, Trace):
             raise TypeError(f"expected a Trace, got {type(trace).__name__}")
         self.mode = parse_mode(mode)
+        #: ``mode.value``, written on every replay span
+        self.mode_name: str = self.mode.value
         self.allow_live_tools = _names(allow_live_tools, "allow_live_tools")
         self.live_llms = _names(live_llms, "live_llms")
         _check_options(self.mode, self.allow_live_tools, self.live_llms)
@@ -599,7 +601,7 @@ class ReplaySession:
         expected, plan = self._match(call, position)
         replayed.recorded_id = expected.event.id
         replayed.recorded_input_sha256 = expected.input_sha256
-        replayed.recorded_output_sha256 = expected.output_sha256
+        replayed.recorded_output_sha256 = output_sha256 = expected.output_sha256
         policy = expected.policy
         if policy is ReplayPolicy.FORBIDDEN and self.mode is not ReplayMode.MANUAL:
             raise refuse(
@@ -648,7 +650,7 @@ class ReplaySession:
                 )
         if plan == _EXECUTE:
             return self._execute(replayed, expected)
-        return self._substitute(call, replayed, expected, position)
+        return self._substitute(call, replayed, expected, position, output_sha256)
 
     def _plan_for(self, call: BoundaryCall, expected: RecordedCall) -> str:
         """Execute, substitute or deny, from the mode, the allowlists and the recorded policy."""
@@ -894,7 +896,12 @@ class ReplaySession:
         )
 
     def _substitute(
-        self, call: BoundaryCall, replayed: ReplayedCall, expected: RecordedCall, position: int
+        self,
+        call: BoundaryCall,
+        replayed: ReplayedCall,
+        expected: RecordedCall,
+        position: int,
+        output_sha256: str | None,
     ) -> ReplayDecision:
         outcome = expected.outcome
         recorded = expected.event.id
@@ -958,7 +965,7 @@ class ReplaySession:
         text = outcome.output or ""
         output = Payload(
             text,
-            expected.output_sha256 or sha256_hex(text),
+            output_sha256 or sha256_hex(text),
             outcome.output_size or len(text.encode("utf-8")),
         )
         replayed.output_sha256 = output.sha256
