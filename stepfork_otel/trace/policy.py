@@ -26,6 +26,8 @@ class ReplayPolicy(str, enum.Enum):
 
     @classmethod
     def parse(cls, value: ReplayPolicy | str) -> ReplayPolicy:
+        if isinstance(value, cls):  # the common case (every llm_request call): no lookup
+            return value
         try:
             return cls(value)
         except ValueError:
