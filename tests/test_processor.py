@@ -14,6 +14,7 @@ from conftest import Recording
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from orjson import loads as orjson_loads
 
 import stepfork_otel._internal as internal
 from stepfork_otel import ErrorEvent, Trace, configure, llm_request, record, trace_tool
@@ -378,3 +379,18 @@ def test_boundary_calls_outside_any_span_with_nowhere_to_go_are_not_buffered(
     finally:
         processor.shutdown()
         provider.shutdown()
+
+
+def test_with_a_directory_a_lone_call_keeps_its_payloads_whole(recording: Recording) -> None:
+    """A boundary call outside any span is a trace of its own: with a directory it is written,
+    and a payload left off the span (over the size cap) is still whole in its bundle."""
+    configure(max_span_payload_bytes=64)
+    big = lookup("k" * 100, limit=3)
+    (path,) = recording.directory.iterdir()
+    trace = Trace.load(path)
+    assert trace.calls[0].input == '{"key":"' + "k" * 100 + '","limit":3}'
+    outcome = trace.outcome_of(trace.calls[0])
+    assert outcome is not None
+    assert outcome.output is not None
+    assert orjson_loads(outcome.output) == big
+    assert boundaries.side_payloads == {}

@@ -164,6 +164,7 @@ class SftraceSpanProcessor(SpanProcessor):
         self._shutdown = False
         with boundaries._side_lock:
             boundaries.side_channel_listeners += 1
+            boundaries.side_channel_directories += self.directory is not None
 
     # -- destinations ----------------------------------------------------------------------------
 
@@ -491,6 +492,7 @@ class SftraceSpanProcessor(SpanProcessor):
             self._destinations.clear()
         with boundaries._side_lock:
             boundaries.side_channel_listeners -= 1
+            boundaries.side_channel_directories -= self.directory is not None
 
     # -- writing ---------------------------------------------------------------------------------
 

@@ -106,6 +106,9 @@ _side_lock = threading.Lock()
 side_payloads: dict[int, dict[str, Payload]] = {}
 #: Incremented by each attached SftraceSpanProcessor (payloads are only kept while one listens).
 side_channel_listeners = 0
+#: How many of them have a directory: only those keep a boundary call made outside any span (a
+#: local root of its own trace), so without one such a call's payloads are not handed over.
+side_channel_directories = 0
 
 
 def _keep_payload(span: Span, key: str, payload: Payload) -> dict[str, Payload] | None:
@@ -303,10 +306,11 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
     except Exception:
         _fail_or_log("opening a boundary span")
         return None
-    try:
-        prepared.kept = _keep_payload(span, k.INPUT, prepared.call.input)
-    except Exception:
-        log_or_raise("handing the call input to the bundle processor")
+    if parent.is_valid or side_channel_directories:
+        try:
+            prepared.kept = _keep_payload(span, k.INPUT, prepared.call.input)
+        except Exception:
+            log_or_raise("handing the call input to the bundle processor")
     return span, token
 
 
