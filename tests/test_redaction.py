@@ -672,3 +672,29 @@ def test_user_keys_apply_inside_text() -> None:
     canonical = canonical_json({"body": '{"ssn": "078-05-1120"}'})
     assert "078-05-1120" not in redactor.redact_canonical(canonical)
     assert not redactor.may_contain_secret(canonical_json({"ssn_hint": "x"}))
+
+
+def test_secrets_glued_together_are_all_redacted_in_one_go() -> None:
+    # the OpenAI pattern may not start inside a word, so behind an AWS key it only matched once
+    # the key had become a marker: one pass left it in the recording
+    glued = "ASIABQNS6PUQ80IDW370" + "sk-u8jzPde0IgxLd6GncfBAepfJBd0Kh8oOOL8dKLzdocJ2isAj"
+    redacted = DEFAULT_REDACTOR.redact_canonical(canonical_json({"q": glued}))
+    assert redacted == '{"q":"[REDACTED:aws_access_key_id][REDACTED:openai_api_key]"}'
+    assert DEFAULT_REDACTOR.redact_message(glued) == (
+        "[REDACTED:aws_access_key_id][REDACTED:openai_api_key]"
+    )
+
+
+def test_redaction_is_idempotent_on_secrets_glued_to_anything() -> None:
+    rng = random.Random(5)
+    pieces = [s.text for s in SECRETS]
+    separators = ["", " ", "=", ":", "@", "/", "\n", "Bearer ", "password=", "token: "]
+    separators += ["https://u:", "\\", "'", "-----"]
+    for _ in range(4000):
+        text = "".join(
+            rng.choice(pieces) if rng.random() < 0.5 else rng.choice(separators)
+            for _ in range(rng.randint(1, 6))
+        )
+        shape = rng.choice([text, {"q": text}, [text, text], {"api_key": text, "x": text}])
+        once = DEFAULT_REDACTOR.redact_canonical(canonical_json(shape))
+        assert DEFAULT_REDACTOR.redact_canonical(once) == once, once[:300]

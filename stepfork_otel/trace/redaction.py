@@ -724,9 +724,21 @@ def _free_name(name: str, taken: dict[Any, Any]) -> str:
     return f"{name}#{n}"
 
 
+#: Passes of the patterns over one string at most (see :func:`_redact_text`).
+_MAX_PASSES = 4
+
+
 def _redact_text(text: str, patterns: tuple[SecretPattern, ...]) -> str:
-    for pattern in patterns:
-        text = pattern.regex.sub(_replacer(pattern), text)
+    """Apply the patterns in order, then again until nothing changes. One pass is not always
+    enough: a pattern that must not start inside a word (``sk-`` after a letter) can match once
+    the secret glued in front of it has become a marker. Repeating until the text is stable makes
+    redaction idempotent -- redacted text redacts to itself -- which replay relies on."""
+    for _ in range(_MAX_PASSES):
+        before = text
+        for pattern in patterns:
+            text = pattern.regex.sub(_replacer(pattern), text)
+        if text == before:
+            break
     return text
 
 
