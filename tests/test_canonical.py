@@ -519,3 +519,13 @@ def test_loads_keeps_integers_of_any_size_exact() -> None:
         type(a) is type(b) for a, b in zip(loads(canonical_json(values)), values, strict=True)
     )
     assert loads('{"digits": "123456789012345678901234"}') == {"digits": "123456789012345678901234"}
+
+
+def test_loads_refuses_what_is_not_json_on_both_parsers() -> None:
+    # a text with a long run of digits or dashes goes to the exact (standard library) parser,
+    # which would read NaN and Infinity; neither parser may
+    for constant in ("NaN", "Infinity", "-Infinity"):
+        for text in (f"[{constant}]", f'["{"-" * 20}", {constant}]', f"[{10**25}, {constant}]"):
+            with pytest.raises(ValueError):  # orjson.JSONDecodeError is a ValueError
+                loads(text)
+    assert loads(f'["{"-" * 20}", {10**25}]') == ["-" * 20, 10**25]

@@ -246,10 +246,18 @@ def unserialisable_marker(value: Any, reason: str) -> dict[str, str]:
     return {UNSERIALISABLE_MARKER: f"{_type_name(value)}: {reason}"}
 
 
-@functools.lru_cache(maxsize=1024)
 def model_fingerprint(provider: str, model: str, operation: str) -> str:
     """SHA-256 of the canonical ``{"model", "operation", "provider"}`` of an LLM call: recorded
-    by the boundaries, checked by replay (one definition for both)."""
+    by the boundaries, checked by replay (one definition for both). Cached: it is computed on
+    every LLM call, nearly always for the same few models."""
+    try:
+        return _model_fingerprint(provider, model, operation)
+    except TypeError:  # an unhashable value passed where a string belongs: computed, not cached
+        return _model_fingerprint.__wrapped__(provider, model, operation)
+
+
+@functools.lru_cache(maxsize=1024)
+def _model_fingerprint(provider: str, model: str, operation: str) -> str:
     return sha256_hex(
         canonical_json({"provider": provider, "model": model, "operation": operation})
     )
@@ -270,5 +278,10 @@ def loads(text: str) -> Any:
     times more. A run inside a string ("2026-11-29-0001-0002") only sends the text to the slower
     parser, which reads it the same."""
     if _LONG_RUN in text.encode("utf-8").translate(_DIGITS_AS_ZERO):
-        return json.loads(text)
+        return json.loads(text, parse_constant=_not_json)
     return orjson.loads(text)
+
+
+def _not_json(name: str) -> Any:
+    # the standard library reads NaN and Infinity, which are not JSON (and orjson refuses them)
+    raise ValueError(f"{name} is not valid JSON")
