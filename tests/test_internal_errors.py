@@ -13,7 +13,16 @@ from conftest import Recording
 
 import stepfork_otel._internal as internal
 import stepfork_otel.otel.processor as processor_module
-from stepfork_otel import ReplaySession, Trace, allm_request, llm_request, record, trace_tool
+from stepfork_otel import (
+    ReplayMismatchError,
+    ReplayPolicyError,
+    ReplaySession,
+    Trace,
+    allm_request,
+    llm_request,
+    record,
+    trace_tool,
+)
 from stepfork_otel.recording import boundaries
 from stepfork_otel.recording import run as run_module
 
@@ -369,3 +378,34 @@ def test_inside_a_replay_session_a_span_that_cannot_open_raises(
         tool(1)
     assert calls == []
     assert internal_errors(logged) == []
+    # the session had already substituted the call: it says the result was never delivered
+    (call,) = session.calls
+    assert (call.action, call.status, call.error) == (
+        "substituted",
+        "error",
+        "Forced: stepfork bug",
+    )
+    with pytest.raises(ReplayMismatchError, match="diverged") as raised:
+        session.verify_complete()
+    assert "ReplaySessionError at call 1: tool tool was substituted by the session, but " in str(
+        raised.value
+    )
+    assert "stepfork failed before the call could go on (Forced)" in str(raised.value)
+
+
+def test_a_refused_call_whose_span_cannot_open_is_logged_and_still_refused(
+    recording: Recording,
+    logged: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    with record(tmp_path / "rec.sftrace"):
+        tool(1)
+    session = ReplaySession.from_trace(tmp_path / "rec.sftrace", mode="forbidden")
+    monkeypatch.setattr(boundaries, "call_start_time", explode)
+    monkeypatch.setattr(internal, "RAISE_INTERNAL_ERRORS", False)
+    with session, pytest.raises(ReplayPolicyError, match="rejects every dependency call"):
+        tool(1)
+    assert internal_errors(logged) == [
+        "stepfork_otel internal error while recording a refused call; the program continues"
+    ]

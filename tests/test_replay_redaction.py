@@ -13,7 +13,7 @@ from stepfork_otel import ReplayMismatchError, ReplaySession, Trace, record, tra
 from stepfork_otel import constants as k
 from stepfork_otel.recording import payload as payload_module
 from stepfork_otel.recording.settings import update_settings
-from stepfork_otel.trace.redaction import Redactor
+from stepfork_otel.trace.redaction import DEFAULT_REDACTOR, Redactor
 
 SECRET = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
 fail_live = False
@@ -113,3 +113,60 @@ def test_the_recorded_input_is_only_a_shortcut_never_a_match(recording: Recordin
     ):
         search("pariS")
     assert replay.calls[0].action == "rejected"
+
+
+@trace_tool
+def fetch(repo: str, auth: str) -> str:
+    return "ok"
+
+
+def _replay_span_inputs(recording: Recording) -> list[Any]:
+    return [
+        s.attributes.get(k.INPUT)
+        for s in recording.exporter.get_finished_spans()
+        if s.attributes and s.attributes.get(k.REPLAY_MODE)
+    ]
+
+
+def test_a_hand_built_input_holding_a_secret_is_never_taken_as_redacted(
+    recording: Recording,
+) -> None:
+    # a legacy or hand-built bundle: the input in clear, no fingerprint -- nothing says it was
+    # redacted, so a live input equal to it is redacted as usual (and then differs from it)
+    path = recording.directory / "run.sftrace"
+    with record(path):
+        fetch("x", SECRET)
+    trace = Trace.load(path)
+    assert trace.run.redaction_rules_sha256 == DEFAULT_REDACTOR.rules_sha256
+    events = [
+        e.model_copy(
+            update={
+                "input": e.input.replace("[REDACTED:github_token]", SECRET),
+                "input_sha256": None,
+            }
+        )
+        if getattr(e, "input", None)
+        else e
+        for e in trace.events
+    ]
+    hand_built = trace.model_copy(update={"events": events})
+    recording.exporter.clear()
+    with pytest.raises(ReplayMismatchError, match="input differs"), ReplaySession(hand_built):
+        fetch("x", SECRET)
+    assert _replay_span_inputs(recording) == ['{"auth":"[REDACTED:github_token]","repo":"x"}']
+
+
+def test_an_input_recorded_under_other_rules_is_redacted_under_the_current_ones(
+    recording: Recording,
+) -> None:
+    # recorded with the default rules; a rule added since covers a value in the input: the
+    # live input is redacted with it, so it no longer matches (and the value reaches no span)
+    internal = "ACME-INTERNAL-7f3a9c"
+    path = recording.directory / "run.sftrace"
+    with record(path):
+        search(internal)
+    update_settings(redactor=Redactor().with_rules(patterns=[("acme", r"ACME-INTERNAL-[0-9a-f]+")]))
+    recording.exporter.clear()
+    with pytest.raises(ReplayMismatchError, match="input differs"), ReplaySession.from_trace(path):
+        search(internal)
+    assert _replay_span_inputs(recording) == ['{"key":"","query":"[REDACTED:acme]"}']

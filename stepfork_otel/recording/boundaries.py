@@ -1,16 +1,19 @@
 """The boundaries: ``@trace_tool``, ``llm_request`` and ``allm_request``.
 
 This is the one interception point of stepfork_otel. Recording and replay go through the same
-code: a call is normalised, redacted, canonicalised and fingerprinted; a span is opened; *then*,
-before the body could run, the active replay session (if any) decides whether the body runs, is
-substituted from the recording, or is refused. Whatever happens is written on the span, so a
-replay run is traced like any other run.
+code: a call is normalised, canonicalised, redacted and fingerprinted; the active replay session
+(if any) decides whether the body runs, is substituted from the recording, or is refused; *then*
+the span is opened -- carrying the input and, in a replay, the decision and a substituted output,
+all passed when it starts -- and the body runs in it (or does not). Whatever happens is written on
+the span, so a replay run is traced like any other run.
 
 Two error regimes meet here. A failure of stepfork's own recording work (an attribute that cannot
-be set, a value that cannot be encoded) is logged by ``handle_internal_errors`` and the user's call
-proceeds. A replay error (mismatch, policy) is raised on purpose, before the body runs. The user's
-own exceptions are recorded -- type and *redacted* message only, because OTel's
-``record_exception`` would copy the raw message, secrets included -- and re-raised unchanged.
+be set, a value that cannot be encoded) is logged (``log_or_raise`` / ``handle_internal_errors``)
+and the user's call proceeds -- except inside a replay session, where running the call unmatched
+would be a silent live fallback, so it is raised. A replay error (mismatch, policy) is raised on
+purpose, before the body runs. The user's own exceptions are recorded -- type and *redacted*
+message only, because OTel's ``record_exception`` would copy the raw message, secrets included --
+and re-raised unchanged.
 
 Only the OpenTelemetry API is imported here: an application without an SDK pays for no-op spans.
 """
@@ -356,8 +359,9 @@ def _record_refusal(prepared: _Prepared, exc: BaseException) -> None:
     a failure to write this span must not replace it."""
     try:
         opened = _open_span(prepared, body=False)
-    except Exception:
-        return  # logged, or raised under RAISE_INTERNAL_ERRORS: the refusal matters more
+    except Exception:  # inside a session _open_span raises: log it, the refusal matters more
+        log_internal_error("recording a refused call")
+        return
     if opened is None:
         return
     span, token = opened
@@ -373,13 +377,13 @@ def _open_decided(
     prepared: _Prepared, decision: ReplayDecision | None
 ) -> tuple[Span, object | None] | None:
     """:func:`_open_span` after the decision. Inside a session a span that cannot be opened is
-    raised (``_fail_or_log``); a call the session already let execute is then ended with that
-    error, so the session does not wait for it."""
+    raised (``_fail_or_log``): the session has already consumed the call, so it is told that the
+    call failed -- its result was not delivered, its body did not run -- and reports it."""
     try:
         return _open_span(prepared, body=decision is None or decision.action != "substituted")
     except BaseException as exc:
-        if decision is not None and decision.action == "executed":
-            current_session_end(decision, None, exc)
+        if decision is not None and prepared.session is not None:
+            prepared.session.abandon_call(decision, exc)
         raise
 
 

@@ -36,13 +36,17 @@ class Payload(NamedTuple):
         return cls(text, hashlib.sha256(data).hexdigest(), len(data))
 
 
-def capture(value: Any, redactor: Redactor, recorded: tuple[str, str] | None = None) -> Payload:
+def capture(
+    value: Any, redactor: Redactor, recorded: tuple[str, str, str] | None = None
+) -> Payload:
     """Redacted canonical JSON of ``value`` and its fingerprint.
 
-    ``recorded`` (during replay): the (text, fingerprint) of the recorded input the session
-    expects next. A canonical text byte-identical to it is already redacted -- it *is* redacted
-    text, and redaction is idempotent -- so it is taken with its verified fingerprint, without
-    running redaction or hashing again. Any other text goes the usual way."""
+    ``recorded`` (during replay): the text, fingerprint and ``rules_sha256`` of the recorded
+    input the session expects next (see ``ReplaySession.expected_input``). When ``redactor``
+    has those very rules, a canonical text byte-identical to the recorded one is already what
+    redaction makes of it -- the recording is that redaction's output, and redaction is
+    idempotent -- so it is taken with its verified fingerprint, without redacting or hashing it
+    again. Any other text, or other rules, go the usual way."""
     unserialisable = False
     try:
         raw = canonical_bytes(value)
@@ -50,7 +54,12 @@ def capture(value: Any, redactor: Redactor, recorded: tuple[str, str] | None = N
         raw = canonical_bytes(unserialisable_marker(value, str(exc)))
         unserialisable = True
     text = raw.decode("utf-8")
-    if recorded is not None and not unserialisable and text == recorded[0]:
+    if (
+        recorded is not None
+        and not unserialisable
+        and text == recorded[0]
+        and recorded[2] == redactor.rules_sha256
+    ):
         return Payload(recorded[0], recorded[1], len(raw))
     redacted = redactor.redact_canonical(text)
     if redacted is not text:

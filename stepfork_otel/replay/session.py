@@ -282,6 +282,8 @@ class ReplaySession:
         if not isinstance(trace, Trace):
             raise TypeError(f"expected a Trace, got {type(trace).__name__}")
         self.mode = parse_mode(mode)
+        #: The rules the recorded run was redacted with (None: unknown; see expected_input).
+        self._redaction_rules = trace.run.redaction_rules_sha256
         #: ``mode.value``, written on every replay span
         self.mode_name: str = self.mode.value
         self.allow_live_tools = _names(allow_live_tools, "allow_live_tools")
@@ -490,18 +492,49 @@ class ReplaySession:
                 self._divergences.append(exc)
                 raise
 
-    def expected_input(self) -> tuple[str, str] | None:
-        """The recorded input text and fingerprint of the call the recording expects next, or
-        None. A hint for the boundary, which skips redacting and hashing a live input that is
-        byte-identical to it (see ``capture``). Read without the lock: every recorded input is
-        already-redacted text, so a hint that went stale under a concurrent call costs only the
-        shortcut, never the match (which :meth:`begin_call` makes under the lock)."""
+    def expected_input(self) -> tuple[str, str, str] | None:
+        """The recorded input (text, fingerprint, and the ``rules_sha256`` of the redaction rules
+        the run was recorded with) of the call the recording expects next, or None. A hint for
+        the boundary, which skips redacting and hashing a live input byte-identical to it when
+        its own redactor has the same rules (see ``capture``).
+
+        Offered only for what stepfork itself recorded: a run that names its redaction rules, and
+        an input whose fingerprint is stored (verified when the session started). A hand-built or
+        legacy bundle gets no hint, so its inputs, which nothing says were ever redacted, never
+        stand in for a live input's redaction. Read without the lock: a hint that went stale under
+        a concurrent call is still a recorded, redacted input, so it costs only the shortcut,
+        never the match (which :meth:`begin_call` makes under the lock)."""
+        rules = self._redaction_rules
         plan, cursor = self._plan, self._cursor
-        if cursor >= len(plan):
+        if rules is None or cursor >= len(plan):
             return None
         expected = plan[cursor]
-        text, sha = expected.event.input, expected.input_sha256
-        return None if text is None or sha is None else (text, sha)
+        text, sha = expected.event.input, expected.event.input_sha256
+        return None if text is None or sha is None else (text, sha, rules)
+
+    def abandon_call(self, decision: ReplayDecision, error: BaseException) -> None:
+        """Called by the boundary when stepfork itself failed after this session decided a call
+        (its span could not be opened): the call raised ``error`` instead of delivering its
+        recorded result or running its body. Recorded as the call's error and as a divergence,
+        so ``verify_complete()`` fails rather than count the call as replayed."""
+        if decision.action == "executed":
+            self.end_call(decision, None, error)  # the body never started: release its nesting
+        with self._lock:
+            replayed: ReplayedCall = decision.handle[0]
+            replayed.status = "error"
+            replayed.error = f"{type(error).__name__}: {_settings.settings().redactor.redact_message(str(error))}"
+            divergence = ReplaySessionError(
+                f"{replayed.label} was {decision.action} by the session, but stepfork failed "
+                f"before the call could go on ({type(error).__name__}), so its "
+                + (
+                    "recorded result was not delivered"
+                    if decision.action == "substituted"
+                    else "body did not run"
+                ),
+                position=replayed.position,
+            )
+            self._errors.append(divergence)
+            self._divergences.append(divergence)
 
     def end_call(
         self, decision: ReplayDecision, output: Payload | None, error: BaseException | None
