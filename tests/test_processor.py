@@ -18,7 +18,8 @@ from orjson import loads as orjson_loads
 
 import stepfork_otel._internal as internal
 from stepfork_otel import ErrorEvent, Trace, configure, llm_request, record, trace_tool
-from stepfork_otel.recording import boundaries
+from stepfork_otel.otel.processor import SftraceSpanProcessor
+from stepfork_otel.recording import boundaries, settings
 from stepfork_otel.trace.bundle import validate_structure, verify_integrity
 
 
@@ -394,3 +395,31 @@ def test_with_a_directory_a_lone_call_keeps_its_payloads_whole(recording: Record
     assert outcome.output is not None
     assert orjson_loads(outcome.output) == big
     assert boundaries.side_payloads == {}
+
+
+def test_two_bundle_processors_on_one_provider_both_get_whole_payloads(tmp_path: Path) -> None:
+    """The side channel is read by every processor; the boundary drops it once the span ended."""
+    provider = TracerProvider()
+    first = SftraceSpanProcessor(tmp_path / "a")
+    second = SftraceSpanProcessor(tmp_path / "b")
+    provider.add_span_processor(first)
+    provider.add_span_processor(second)
+    settings.set_tracer_provider(provider)
+    settings.update_settings(max_span_payload_bytes=64)  # the payloads are left off the spans
+    try:
+        tracer = provider.get_tracer("app")
+        with tracer.start_as_current_span("request") as root:
+            lookup("k" * 100, limit=3)
+        name = f"{root.get_span_context().trace_id:032x}.sftrace"
+        bundles = [Trace.load(tmp_path / d / name) for d in ("a", "b")]
+        for trace in bundles:
+            outcome = trace.outcome_of(trace.calls[0])
+            assert outcome is not None
+            assert outcome.output is not None
+            assert orjson_loads(outcome.output) == [f"{'k' * 100}-{i}" for i in range(3)]
+        assert boundaries.side_payloads == {}
+    finally:
+        first.shutdown()
+        second.shutdown()
+        settings.set_tracer_provider(None)
+        provider.shutdown()

@@ -281,8 +281,8 @@ class SftraceSpanProcessor(SpanProcessor):
             ctx = span.get_span_context()
             if ctx is None:
                 return
-            with boundaries._side_lock:
-                payloads = boundaries.side_payloads.pop(ctx.span_id, {})
+            # read, not taken: another bundle processor may need them too (see end_span)
+            payloads = boundaries.side_payloads.get(ctx.span_id, {})
             if self._shutdown:
                 return
             kind = _kind(span)

@@ -102,8 +102,8 @@ def _first_call_of_trace(trace_id: int) -> None:
 # --- side channel for the local bundle processor -------------------------------------------------
 # Payloads above the span size cap (or with capture off) are not on the span, but the local bundle
 # must keep them whole. The boundary hands them to the in-process processor through this table,
-# keyed by span id; the processor pops the entry when the span ends. Nothing is stored when no
-# bundle processor is attached, so nothing can pile up.
+# keyed by span id; the entry is dropped when the span has ended (``end_span``). Nothing is stored
+# when no bundle processor is attached, so nothing can pile up.
 
 _side_lock = threading.Lock()
 side_payloads: dict[int, dict[str, Payload]] = {}
@@ -126,6 +126,17 @@ def _keep_payload(span: Span, key: str, payload: Payload) -> dict[str, Payload] 
         kept[key] = payload
         return kept
     return None
+
+
+def end_span(span: Span) -> None:
+    """End a span that stepfork opened, then drop its side-channel entry: by then every processor
+    has read it (the SDK calls ``on_end`` before ``end`` returns), so two bundle processors on
+    one provider both get the payloads."""
+    try:
+        span.end()
+    finally:
+        if side_payloads:
+            side_payloads.pop(span.get_span_context().span_id, None)
 
 
 _INPUT_KEYS = (
@@ -321,7 +332,7 @@ def _close_span(span: Span, token: object | None) -> None:
     try:
         if token is not None:
             context_api.detach(token)  # type: ignore[arg-type]
-        span.end()
+        end_span(span)
     except Exception:
         log_or_raise("ending a boundary span")
 

@@ -23,6 +23,7 @@ from stepfork_otel._internal import handle_internal_errors
 from stepfork_otel.recording import settings as _settings
 from stepfork_otel.recording.boundaries import (
     call_start_time,
+    end_span,
     record_failure,
     set_payload_attributes,
 )
@@ -159,7 +160,7 @@ class RunRecorder:
             if self._token is not None:
                 token, self._token = self._token, None
                 context_api.detach(token)  # type: ignore[arg-type]
-            span.end()  # the processor writes the bundle here
+            end_span(span)  # the processor writes the bundle here
         if self.path is not None and not self.path.exists():
             self.path = None
 
