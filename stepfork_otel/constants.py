@@ -70,8 +70,6 @@ RUN_NAME: Final = "stepfork.run.name"
 RUN_KEEP: Final = "stepfork.run.keep"
 #: ``module:function`` the run was recorded from, shown as a hint to copy (never executed).
 RUN_ENTRYPOINT: Final = "stepfork.run.entrypoint"
-#: SHA-256 of the redaction rules the run was recorded with (``Redactor.rules_sha256``).
-RUN_REDACTION_RULES: Final = "stepfork.run.redaction_rules_sha256"
 #: Replay mode of the session that produced this span (only on replay runs).
 REPLAY_MODE: Final = "stepfork.replay.mode"
 #: What replay did with the call: ``substituted``, ``executed`` or ``rejected``.

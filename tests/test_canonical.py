@@ -529,3 +529,9 @@ def test_loads_refuses_what_is_not_json_on_both_parsers() -> None:
             with pytest.raises(ValueError):  # orjson.JSONDecodeError is a ValueError
                 loads(text)
     assert loads(f'["{"-" * 20}", {10**25}]') == ["-" * 20, 10**25]
+
+
+def test_loads_refuses_numbers_out_of_range_on_both_parsers() -> None:
+    for text in ("[1e400]", f'["{"-" * 20}", 1e400]', f'["{"-" * 20}", -1e400]'):
+        with pytest.raises(ValueError):
+            loads(text)

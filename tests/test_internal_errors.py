@@ -409,3 +409,22 @@ def test_a_refused_call_whose_span_cannot_open_is_logged_and_still_refused(
     assert internal_errors(logged) == [
         "stepfork_otel internal error while recording a refused call; the program continues"
     ]
+
+
+def test_a_span_started_before_stepfork_failed_is_still_ended(
+    recording: Recording, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with record(tmp_path / "rec.sftrace"):
+        tool(1)
+    monkeypatch.setattr(boundaries.trace_api, "set_span_in_context", explode)
+    session = ReplaySession.from_trace(
+        tmp_path / "rec.sftrace", mode="live", allow_live_tools={"tool"}
+    )
+    recording.exporter.clear()
+    with session, pytest.raises(Forced):
+        tool(1)  # executed (live mode): the span starts, then making it current fails
+    (span,) = recording.exporter.get_finished_spans()  # ended, not left open
+    assert span.name == "execute_tool tool"
+    assert boundaries.side_payloads == {}
+    (call,) = session.calls
+    assert (call.action, call.status) == ("executed", "error")

@@ -23,6 +23,7 @@ from stepfork_otel.trace.redaction import (
     DEFAULT_REDACTOR,
     KEY_MARKER,
     MAX_MESSAGE_CHARS,
+    UNSTABLE_MARKER,
     _found_needles,
     fold,
 )
@@ -698,3 +699,21 @@ def test_redaction_is_idempotent_on_secrets_glued_to_anything() -> None:
         shape = rng.choice([text, {"q": text}, [text, text], {"api_key": text, "x": text}])
         once = DEFAULT_REDACTOR.redact_canonical(canonical_json(shape))
         assert DEFAULT_REDACTOR.redact_canonical(once) == once, once[:300]
+
+
+def test_redaction_that_does_not_settle_fails_closed() -> None:
+    # a user pattern that matches its own marker would nest markers forever; a long chain of
+    # glued secrets behind a look-behind needs one pass per secret: past the limit, the string
+    # is replaced whole -- never left with a secret in it -- and redaction stays idempotent
+    shouting = Redactor().with_rules(patterns=[("ticket", r"\b[A-Z]{8,}\b")])
+    text = canonical_json({"q": "see TICKETNUMBER"})
+    redacted = shouting.redact_canonical(text)
+    assert redacted == '{"q":"' + UNSTABLE_MARKER + '"}'
+    assert shouting.redact_canonical(redacted) == redacted
+    glued = Redactor().with_rules(patterns=[("acme", r"(?<![A-Za-z0-9])acme_[a-z0-9]{8}")])
+    chain = "".join(f"acme_{c * 8}" for c in "abcdefghijklmnopqrstu")  # 21 tokens
+    out = glued.redact_canonical(canonical_json({"q": chain}))
+    assert "acme_" not in out
+    assert glued.redact_canonical(out) == out
+    short = glued.redact_canonical(canonical_json({"q": chain[: 13 * 6]}))
+    assert short == '{"q":"' + "[REDACTED:acme]" * 6 + '"}'

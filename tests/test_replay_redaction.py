@@ -1,5 +1,5 @@
 """Replay adds no secret material: a live body's exception is redacted in what the session keeps,
-and a live input is redacted unless it is the recorded (already redacted) text itself."""
+and every live input is redacted with the rules in force, whatever the bundle holds."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from stepfork_otel import ReplayMismatchError, ReplaySession, Trace, record, tra
 from stepfork_otel import constants as k
 from stepfork_otel.recording import payload as payload_module
 from stepfork_otel.recording.settings import update_settings
-from stepfork_otel.trace.redaction import DEFAULT_REDACTOR, Redactor
+from stepfork_otel.trace.redaction import Redactor
 
 SECRET = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
 fail_live = False
@@ -66,7 +66,7 @@ def search(query: str, key: str = "") -> dict[str, str]:
     return {"query": query, "hit": query[::-1]}
 
 
-def test_an_input_identical_to_the_recording_is_not_redacted_or_hashed_again(
+def test_every_replayed_input_is_redacted_and_one_equal_to_its_recording_not_hashed_again(
     recording: Recording, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = recording.directory / "run.sftrace"
@@ -88,12 +88,13 @@ def test_an_input_identical_to_the_recording_is_not_redacted_or_hashed_again(
     seen.clear()
     with ReplaySession.from_trace(path) as replay:
         assert search("paris") == {"query": "paris", "hit": "sirap"}
-        # the secret makes this input differ from its redacted recording: redacted as usual,
-        # then it matches
+        # the secret makes the live text differ from the recording until it is redacted
         assert search("rome", key=SECRET) == {"query": "rome", "hit": "emor"}
         replay.verify_complete()
-    assert seen == ['{"key":"' + SECRET + '","query":"rome"}']
-    assert len(hashed) == 1  # the redacted "rome" input; "paris" took its recorded fingerprint
+    # both inputs were redacted with the rules in force ...
+    assert seen == ['{"key":"","query":"paris"}', '{"key":"' + SECRET + '","query":"rome"}']
+    # ... and each, redacted, was its recorded text: its stored fingerprint was reused
+    assert hashed == []
     assert [c.input for c in replay.calls] == recorded
     assert [c.input_sha256 for c in replay.calls] == [c.input_sha256 for c in trace.calls]
     replay_spans = [
@@ -137,7 +138,6 @@ def test_a_hand_built_input_holding_a_secret_is_never_taken_as_redacted(
     with record(path):
         fetch("x", SECRET)
     trace = Trace.load(path)
-    assert trace.run.redaction_rules_sha256 == DEFAULT_REDACTOR.rules_sha256
     events = [
         e.model_copy(
             update={

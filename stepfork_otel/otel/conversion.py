@@ -338,7 +338,6 @@ def _run_info(run: SpanRecord | None, replay_mode: str | None) -> RunInfo:
         start_time_unix_nano=run.start_time_unix_nano,
         end_time_unix_nano=run.end_time_unix_nano or 0,
         replay_mode=_str(attrs, k.REPLAY_MODE) or replay_mode,
-        redaction_rules_sha256=_str(attrs, k.RUN_REDACTION_RULES) or None,
     )
 
 

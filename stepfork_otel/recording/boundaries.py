@@ -116,8 +116,9 @@ side_channel_directories = 0
 
 def _keep_payload(span: Span, key: str, payload: Payload) -> dict[str, Payload] | None:
     """Hand ``payload`` to the bundle processor; returns the span's entry (None: nobody listens).
-    The boundary adds the output to that entry itself, without the lock: the processor takes
-    the entry only when the span ends, after that, and a flush copies it in one step."""
+    The boundary adds the output to that entry itself, without the lock: processors read the
+    entry when the span ends (after that), a flush copies it in one step, and ``end_span``
+    drops it."""
     # A span a sampler dropped never reaches a processor: keeping its payload would leak it.
     if side_channel_listeners and span.is_recording():
         span_id = span.get_span_context().span_id
@@ -293,6 +294,8 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
     """Start the boundary span; None (logged) if stepfork itself failed. When the call's body
     will run in it (``body``), the span is made current, so calls made inside are its children
     and continue its trace's numbering; a substituted or refused call runs nothing inside."""
+    span: Span | None = None
+    token = None
     try:
         parent = trace_api.get_current_span().get_span_context()
         if parent.is_valid:
@@ -312,12 +315,13 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
             record_exception=False,
             set_status_on_exception=False,
         )
-        token = None
         if body:
             if not parent.is_valid:
                 _first_call_of_trace(span.get_span_context().trace_id)
             token = context_api.attach(trace_api.set_span_in_context(span))
     except Exception:
+        if span is not None:  # started, then something failed: end it, nothing runs in it
+            _discard(span, token)
         _fail_or_log("opening a boundary span")
         return None
     if parent.is_valid or side_channel_directories:
@@ -326,6 +330,16 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
         except Exception:
             log_or_raise("handing the call input to the bundle processor")
     return span, token
+
+
+def _discard(span: Span, token: object | None) -> None:
+    """End a span whose opening failed half-way (best effort: it is already a failure)."""
+    try:
+        if token is not None:
+            context_api.detach(token)  # type: ignore[arg-type]
+        end_span(span)
+    except Exception:
+        log_internal_error("ending a boundary span that could not be opened")
 
 
 def _close_span(span: Span, token: object | None) -> None:

@@ -36,17 +36,13 @@ class Payload(NamedTuple):
         return cls(text, hashlib.sha256(data).hexdigest(), len(data))
 
 
-def capture(
-    value: Any, redactor: Redactor, recorded: tuple[str, str, str] | None = None
-) -> Payload:
+def capture(value: Any, redactor: Redactor, recorded: tuple[str, str] | None = None) -> Payload:
     """Redacted canonical JSON of ``value`` and its fingerprint.
 
-    ``recorded`` (during replay): the text, fingerprint and ``rules_sha256`` of the recorded
-    input the session expects next (see ``ReplaySession.expected_input``). When ``redactor``
-    has those very rules, a canonical text byte-identical to the recorded one is already what
-    redaction makes of it -- the recording is that redaction's output, and redaction is
-    idempotent -- so it is taken with its verified fingerprint, without redacting or hashing it
-    again. Any other text, or other rules, go the usual way."""
+    ``recorded`` (during replay): the text and stored fingerprint of the recorded input the
+    session expects next (see ``ReplaySession.expected_input``). The value is redacted as always;
+    when the result is that very text, its fingerprint -- verified against it when the session
+    started -- is taken instead of hashing the text again."""
     unserialisable = False
     try:
         raw = canonical_bytes(value)
@@ -54,14 +50,9 @@ def capture(
         raw = canonical_bytes(unserialisable_marker(value, str(exc)))
         unserialisable = True
     text = raw.decode("utf-8")
-    if (
-        recorded is not None
-        and not unserialisable
-        and text == recorded[0]
-        and recorded[2] == redactor.rules_sha256
-    ):
-        return Payload(recorded[0], recorded[1], len(raw))
     redacted = redactor.redact_canonical(text)
     if redacted is not text:
         raw = redacted.encode("utf-8")
+    if recorded is not None and not unserialisable and redacted == recorded[0]:
+        return Payload(recorded[0], recorded[1], len(raw))
     return Payload(redacted, hashlib.sha256(raw).hexdigest(), len(raw), unserialisable)

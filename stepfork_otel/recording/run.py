@@ -102,7 +102,6 @@ class RunRecorder:
             k.GEN_AI_AGENT_NAME: self.name,
             k.OPENINFERENCE_SPAN_KIND: k.OI_KIND_AGENT,
             k.SDK_VERSION: f"stepfork_otel {__version__}",
-            k.RUN_REDACTION_RULES: _settings.settings().redactor.rules_sha256,
         }
         if self.entrypoint:
             attributes[k.RUN_ENTRYPOINT] = self.entrypoint

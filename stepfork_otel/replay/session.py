@@ -164,6 +164,16 @@ class ReplayResult:
         return "\n".join(lines)
 
 
+def _described(error: BaseException) -> str:
+    """``Type: redacted message`` of an exception raised during replay (a broken ``__str__``
+    must not replace the exception being reported)."""
+    try:
+        message = str(error)
+    except Exception:
+        message = f"<unprintable {type(error).__name__}>"
+    return f"{type(error).__name__}: {_settings.settings().redactor.redact_message(message)}"
+
+
 def parse_mode(mode: ReplayMode | str) -> ReplayMode:
     """The :class:`ReplayMode` named by ``mode``; :class:`ReplayModeError` if unknown or reserved."""
     try:
@@ -282,8 +292,6 @@ class ReplaySession:
         if not isinstance(trace, Trace):
             raise TypeError(f"expected a Trace, got {type(trace).__name__}")
         self.mode = parse_mode(mode)
-        #: The rules the recorded run was redacted with (None: unknown; see expected_input).
-        self._redaction_rules = trace.run.redaction_rules_sha256
         #: ``mode.value``, written on every replay span
         self.mode_name: str = self.mode.value
         self.allow_live_tools = _names(allow_live_tools, "allow_live_tools")
@@ -492,25 +500,19 @@ class ReplaySession:
                 self._divergences.append(exc)
                 raise
 
-    def expected_input(self) -> tuple[str, str, str] | None:
-        """The recorded input (text, fingerprint, and the ``rules_sha256`` of the redaction rules
-        the run was recorded with) of the call the recording expects next, or None. A hint for
-        the boundary, which skips redacting and hashing a live input byte-identical to it when
-        its own redactor has the same rules (see ``capture``).
-
-        Offered only for what stepfork itself recorded: a run that names its redaction rules, and
-        an input whose fingerprint is stored (verified when the session started). A hand-built or
-        legacy bundle gets no hint, so its inputs, which nothing says were ever redacted, never
-        stand in for a live input's redaction. Read without the lock: a hint that went stale under
-        a concurrent call is still a recorded, redacted input, so it costs only the shortcut,
-        never the match (which :meth:`begin_call` makes under the lock)."""
-        rules = self._redaction_rules
+    def expected_input(self) -> tuple[str, str] | None:
+        """The recorded input of the call the recording expects next -- its text and stored
+        fingerprint (verified when the session started) -- or None. A hint for the boundary: a
+        live input that redacts to exactly this text takes this fingerprint instead of being
+        hashed again (see ``capture``); it is redacted as always. Read without the lock: a hint
+        that went stale under a concurrent call is still a verified (text, fingerprint) pair, so
+        it costs only the shortcut, never the match (made under the lock by :meth:`begin_call`)."""
         plan, cursor = self._plan, self._cursor
-        if rules is None or cursor >= len(plan):
+        if cursor >= len(plan):
             return None
-        expected = plan[cursor]
-        text, sha = expected.event.input, expected.event.input_sha256
-        return None if text is None or sha is None else (text, sha, rules)
+        event = plan[cursor].event
+        text, sha = event.input, event.input_sha256
+        return None if text is None or sha is None else (text, sha)
 
     def abandon_call(self, decision: ReplayDecision, error: BaseException) -> None:
         """Called by the boundary when stepfork itself failed after this session decided a call
@@ -522,7 +524,7 @@ class ReplaySession:
         with self._lock:
             replayed: ReplayedCall = decision.handle[0]
             replayed.status = "error"
-            replayed.error = f"{type(error).__name__}: {_settings.settings().redactor.redact_message(str(error))}"
+            replayed.error = _described(error)
             divergence = ReplaySessionError(
                 f"{replayed.label} was {decision.action} by the session, but stepfork failed "
                 f"before the call could go on ({type(error).__name__}), so its "
@@ -546,8 +548,7 @@ class ReplaySession:
                 self._executing.reset(token)
             replayed.status = "error" if error is not None else "ok"
             if error is not None:  # a live body's own exception: redacted like any recorded message
-                message = _settings.settings().redactor.redact_message(str(error))
-                replayed.error = f"{type(error).__name__}: {message}"
+                replayed.error = _described(error)
             if output is not None:
                 replayed.output_sha256 = output.sha256
             if rc is None:

@@ -48,6 +48,7 @@ import enum
 import functools
 import hashlib
 import json
+import math
 import pathlib
 import re
 import uuid
@@ -278,10 +279,18 @@ def loads(text: str) -> Any:
     times more. A run inside a string ("2026-11-29-0001-0002") only sends the text to the slower
     parser, which reads it the same."""
     if _LONG_RUN in text.encode("utf-8").translate(_DIGITS_AS_ZERO):
-        return json.loads(text, parse_constant=_not_json)
+        return json.loads(text, parse_constant=_not_json, parse_float=_finite)
     return orjson.loads(text)
 
 
 def _not_json(name: str) -> Any:
     # the standard library reads NaN and Infinity, which are not JSON (and orjson refuses them)
     raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite(text: str) -> float:
+    # ... and reads 1e400 as inf, which orjson refuses too
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is out of range")
+    return value

@@ -156,8 +156,6 @@ class RunInfo(_Model):
     end_time_unix_nano: int = 0
     replay_mode: str | None = None
     """Set when this run is itself a replay (its spans carried ``stepfork.replay.mode``)."""
-    redaction_rules_sha256: str | None = None
-    """``Redactor.rules_sha256`` of the rules the run was recorded with (None: not known)."""
 
 
 class Trace(_Model):

@@ -51,7 +51,6 @@ would change, for each secret family in many positions, and on random fragments 
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -417,30 +416,6 @@ def _probe(patterns: tuple[SecretPattern, ...]) -> re.Pattern[str] | None:
     )
 
 
-#: Version of the redaction algorithm (folding, needles, passes): part of ``rules_sha256``, so a
-#: change to how rules are applied is a change of rules. 2: patterns repeat until stable.
-_ALGORITHM_VERSION = 2
-
-
-def _rules_sha256(patterns: tuple[SecretPattern, ...], keys: tuple[str, ...]) -> str:
-    def source(regex: re.Pattern[str] | re.Pattern[bytes] | None) -> list[object] | None:
-        if regex is None:
-            return None
-        pattern = regex.pattern
-        text = pattern.decode("latin-1") if isinstance(pattern, bytes) else pattern
-        return [text, int(regex.flags)]
-
-    rules = {
-        "algorithm": _ALGORITHM_VERSION,
-        "keys": list(keys),
-        "patterns": [
-            [p.name, source(p.regex), list(p.triggers), list(p.prefixes), source(p.confirm)]
-            for p in patterns
-        ],
-    }
-    return hashlib.sha256(canonical_json(rules).encode("utf-8")).hexdigest()
-
-
 # --- the redactor ----------------------------------------------------------------------------------
 
 
@@ -463,11 +438,6 @@ class Redactor:
     _raw_needles: tuple[tuple[bytes, ...], ...] = field(init=False, repr=False, compare=False)
     _folded_needles: tuple[tuple[bytes, ...], ...] = field(init=False, repr=False, compare=False)
     _always_scan: tuple[SecretPattern, ...] = field(init=False, repr=False, compare=False)
-    rules_sha256: str = field(init=False, repr=False, compare=False)
-    """SHA-256 of the rules (patterns, their needles, sensitive keys) and of the version of the
-    redaction algorithm: two redactors with the same value redact every text alike. Recorded on
-    each run, so that replay knows whether a recorded input is still redacted under the rules in
-    force (see ``ReplaySession.expected_input``)."""
     _probes: dict[tuple[int, ...], re.Pattern[str] | None] = field(
         init=False, repr=False, compare=False
     )
@@ -498,7 +468,6 @@ class Redactor:
         set_(self, "_folded_groups", folded_groups)
         always = tuple(p for p in self.patterns if not (p.triggers or p.prefixes))
         set_(self, "_always_scan", always)
-        set_(self, "rules_sha256", _rules_sha256(self.patterns, keys))
         set_(self, "_probes", {})
         # which needles (of which pattern; -1: a sensitive key) each grouped needle stands for
         set_(self, "_raw_implied", _implied(raw_groups, enumerate(raw)))
@@ -756,21 +725,25 @@ def _free_name(name: str, taken: dict[Any, Any]) -> str:
 
 
 #: Passes of the patterns over one string at most (see :func:`_redact_text`).
-_MAX_PASSES = 4
+_MAX_PASSES = 16
+#: What a string becomes when its redaction does not settle within ``_MAX_PASSES`` passes.
+UNSTABLE_MARKER = "[REDACTED:unstable]"
 
 
 def _redact_text(text: str, patterns: tuple[SecretPattern, ...]) -> str:
     """Apply the patterns in order, then again until nothing changes. One pass is not always
     enough: a pattern that must not start inside a word (``sk-`` after a letter) can match once
-    the secret glued in front of it has become a marker. Repeating until the text is stable makes
-    redaction idempotent -- redacted text redacts to itself -- which replay relies on."""
+    the secret glued in front of it has become a marker. A text that still changes after
+    ``_MAX_PASSES`` passes (a long chain of glued secrets, or a user pattern that matches markers)
+    is replaced whole by ``UNSTABLE_MARKER``: failing closed keeps every secret out, and makes
+    redaction idempotent -- redacted text redacts to itself -- for any rules."""
     for _ in range(_MAX_PASSES):
         before = text
         for pattern in patterns:
             text = pattern.regex.sub(_replacer(pattern), text)
         if text == before:
-            break
-    return text
+            return text
+    return UNSTABLE_MARKER
 
 
 #: id(pattern) -> (pattern, its replacement function); keyed by identity: hashing a pattern
