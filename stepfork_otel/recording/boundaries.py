@@ -20,6 +20,7 @@ Only the OpenTelemetry API is imported here: an application without an SDK pays 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import itertools
@@ -321,7 +322,8 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
             token = context_api.attach(trace_api.set_span_in_context(span))
     except Exception:
         if span is not None:  # started, then something failed: end it, nothing runs in it
-            _discard(span, token)
+            with contextlib.suppress(Exception):  # (logged there; the first failure is raised)
+                _close_span(span, token)
         _fail_or_log("opening a boundary span")
         return None
     if parent.is_valid or side_channel_directories:
@@ -330,16 +332,6 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
         except Exception:
             log_or_raise("handing the call input to the bundle processor")
     return span, token
-
-
-def _discard(span: Span, token: object | None) -> None:
-    """End a span whose opening failed half-way (best effort: it is already a failure)."""
-    try:
-        if token is not None:
-            context_api.detach(token)  # type: ignore[arg-type]
-        end_span(span)
-    except Exception:
-        log_internal_error("ending a boundary span that could not be opened")
 
 
 def _close_span(span: Span, token: object | None) -> None:
