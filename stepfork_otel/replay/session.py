@@ -519,9 +519,9 @@ class ReplaySession:
         (its span could not be opened): the call raised ``error`` instead of delivering its
         recorded result or running its body. Recorded as the call's error and as a divergence,
         so ``verify_complete()`` fails rather than count the call as replayed."""
-        if decision.action == "executed":
-            self.end_call(decision, None, error)  # the body never started: release its nesting
-        with self._lock:
+        with self._lock:  # re-entrant: end_call takes it too, and nobody sees a half update
+            if decision.action == "executed":
+                self.end_call(decision, None, error)  # the body never started: release nesting
             replayed: ReplayedCall = decision.handle[0]
             replayed.status = "error"
             replayed.error = _described(error)
