@@ -519,18 +519,24 @@ def build_bundle(calls: int, size: int) -> Path:
 
 def run_child(mode: str, path: Path, *extra: str) -> dict[str, Any]:
     """Run ``benchmarks._child`` in a fresh interpreter and return what it measured."""
+    return run_module("benchmarks._child", mode, str(path), *extra)
+
+
+def run_module(module: str, *args: str) -> dict[str, Any]:
+    """``python -m module args`` in a fresh interpreter (from the project root); its last line of
+    output is the JSON of what it measured."""
     import json
     import subprocess
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks._child", mode, str(path), *extra],
+        [sys.executable, "-m", module, *args],
         cwd=_ROOT,
         capture_output=True,
         text=True,
         check=False,
     )
     if result.returncode != 0:
-        raise RuntimeError(f"child {mode} failed: {result.stderr.strip()[-2000:]}")
+        raise RuntimeError(f"{module} {' '.join(args[:1])} failed: {result.stderr.strip()[-2000:]}")
     measured: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     return measured

@@ -29,7 +29,6 @@ import os
 import random
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -225,20 +224,6 @@ def _child(mode: str, path: Path, out: Path) -> dict[str, Any]:
     }
 
 
-def _run_child(mode: str, path: Path, out: Path) -> dict[str, Any]:
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_import", "--child", mode, str(path), str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"benchmark child failed: {result.stderr.strip()[-2000:]}")
-    data: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return data
-
-
 def _memory_conclusion(peaks: dict[int, tuple[float, int]]) -> str:
     if len(peaks) < 2:
         return "Peak memory could not be read on this system (no /proc/self/clear_refs)."
@@ -259,6 +244,8 @@ def _mb(n: float) -> str:
 
 
 def run(quick: bool = False) -> str:
+    from benchmarks._common import run_module  # parent side only: the child needs none of it
+
     sizes = [50, 500] if quick else [1_000, 10_000]
     scratch = Path(tempfile.mkdtemp(prefix="stepfork-bench-import-"))
     rows = []
@@ -281,7 +268,7 @@ def run(quick: bool = False) -> str:
             for mode in ("import", "convert"):
                 out = scratch / f"bundles-{traces}-{mode}"
                 out.mkdir()
-                r = _run_child(mode, path, out)
+                r = run_module("benchmarks.bench_import", "--child", mode, str(path), str(out))
                 if r["traces"] != traces or r["problems"]:
                     raise RuntimeError(f"imported {r['traces']} of {traces}: {r}")
                 peak = r["peak_added"]
