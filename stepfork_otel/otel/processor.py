@@ -164,7 +164,6 @@ class SftraceSpanProcessor(SpanProcessor):
         self._shutdown = False
         with boundaries._side_lock:
             boundaries.side_channel_listeners += 1
-            boundaries.side_channel_directories += self.directory is not None
 
     # -- destinations ----------------------------------------------------------------------------
 
@@ -251,25 +250,20 @@ class SftraceSpanProcessor(SpanProcessor):
         for key in [key for key in self._destinations if key[0] in orphans]:
             del self._destinations[key]
 
-    def _unwritten(self, trace_id: int, kind: Any) -> bool:
-        """Whether the span that just ended, a local root of ``kind``, is a boundary call made
-        outside any span (as in a test that replays an agent) with nowhere to write its trace's
-        bundle: no directory, no destination, nothing else of its trace buffered. Nothing of it
-        can end up in a bundle, so it is not buffered at all (caller holds the lock)."""
-        return (
-            self.directory is None
-            and kind in k.BOUNDARY_KINDS
-            and trace_id not in self._traces
-            and (trace_id, None) not in self._destinations
-        )
+    def _passes_through(self, span: ReadableSpan) -> bool:
+        """A boundary call made outside any span (a test replaying an agent, say) with no
+        directory to write its trace to: nothing of it can end up in a bundle, so it is not
+        buffered at all. (A call made inside its body still opens the trace's buffer, since a run
+        could start there; its end then goes the usual way.)"""
+        return self.directory is None and span.parent is None and _kind(span) in k.BOUNDARY_KINDS
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         with handle_internal_errors("tracking a started span"):
             ctx = span.get_span_context()
             if ctx is None or self._shutdown:
                 return
-            if self.directory is None and span.parent is None and _kind(span) in k.BOUNDARY_KINDS:
-                return  # see _unwritten: its end is not buffered either
+            if self._passes_through(span):
+                return
             with self._lock:
                 entry = self._entry(ctx.trace_id)
                 if entry is None or entry.size() >= self.max_spans_per_trace:
@@ -290,7 +284,11 @@ class SftraceSpanProcessor(SpanProcessor):
             is_run = kind == k.KIND_RUN
             jobs: list[_Job] = []
             with self._lock:
-                if is_local_root and self._unwritten(ctx.trace_id, kind):
+                if (
+                    self._passes_through(span)
+                    and ctx.trace_id not in self._traces  # (unless a call inside it opened one)
+                    and (ctx.trace_id, None) not in self._destinations
+                ):
                     return
                 jobs = self._buffer(
                     span, ctx.trace_id, ctx.span_id, payloads, is_run, is_local_root
@@ -492,7 +490,6 @@ class SftraceSpanProcessor(SpanProcessor):
             self._destinations.clear()
         with boundaries._side_lock:
             boundaries.side_channel_listeners -= 1
-            boundaries.side_channel_directories -= self.directory is not None
 
     # -- writing ---------------------------------------------------------------------------------
 

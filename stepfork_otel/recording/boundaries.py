@@ -110,9 +110,6 @@ _side_lock = threading.Lock()
 side_payloads: dict[int, dict[str, Payload]] = {}
 #: Incremented by each attached SftraceSpanProcessor (payloads are only kept while one listens).
 side_channel_listeners = 0
-#: How many of them have a directory: only those keep a boundary call made outside any span (a
-#: local root of its own trace), so without one such a call's payloads are not handed over.
-side_channel_directories = 0
 
 
 def _keep_payload(span: Span, key: str, payload: Payload) -> dict[str, Payload] | None:
@@ -326,11 +323,10 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
                 _close_span(span, token)
         _fail_or_log("opening a boundary span")
         return None
-    if parent.is_valid or side_channel_directories:
-        try:
-            prepared.kept = _keep_payload(span, k.INPUT, prepared.call.input)
-        except Exception:
-            log_or_raise("handing the call input to the bundle processor")
+    try:
+        prepared.kept = _keep_payload(span, k.INPUT, prepared.call.input)
+    except Exception:
+        log_or_raise("handing the call input to the bundle processor")
     return span, token
 
 
@@ -352,7 +348,7 @@ def _decide(prepared: _Prepared) -> ReplayDecision | None:
     if session is None:
         return None
     attributes = prepared.attributes
-    attributes[k.REPLAY_MODE] = session.mode_name
+    attributes[k.REPLAY_MODE] = session.mode.value
     try:
         decision = session.begin_call(prepared.call)
     except BaseException as exc:

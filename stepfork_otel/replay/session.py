@@ -292,8 +292,6 @@ class ReplaySession:
         if not isinstance(trace, Trace):
             raise TypeError(f"expected a Trace, got {type(trace).__name__}")
         self.mode = parse_mode(mode)
-        #: ``mode.value``, written on every replay span
-        self.mode_name: str = self.mode.value
         self.allow_live_tools = _names(allow_live_tools, "allow_live_tools")
         self.live_llms = _names(live_llms, "live_llms")
         _check_options(self.mode, self.allow_live_tools, self.live_llms)
