@@ -28,7 +28,7 @@ from stepfork_otel.cli._common import (
 )
 from stepfork_otel.cli.outcome import same_type_name
 from stepfork_otel.replay.errors import first_difference
-from stepfork_otel.trace.canonical import sha256_hex
+from stepfork_otel.trace.canonical import stored_or_sha256
 from stepfork_otel.trace.models import CallEvent, ErrorEvent, LlmRequest, OutcomeEvent, Trace
 
 
@@ -42,10 +42,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("a", metavar="A", help="first .sftrace bundle")
     parser.add_argument("b", metavar="B", help="second .sftrace bundle")
     add_common_arguments(parser)
-
-
-def _sha(text: str | None, stored: str | None) -> str | None:
-    return stored if stored is not None else (None if text is None else sha256_hex(text))
 
 
 def _label(call: CallEvent) -> str:
@@ -90,7 +86,9 @@ def _same_outcome(a: OutcomeEvent | None, b: OutcomeEvent | None) -> tuple[bool,
         if not (isinstance(a, ErrorEvent) and isinstance(b, ErrorEvent)):
             return False, False
         return same_type_name(a.error_type, b.error_type), a.message == b.message
-    return True, _sha(a.output, a.output_sha256) == _sha(b.output, b.output_sha256)
+    return True, stored_or_sha256(a.output, a.output_sha256) == stored_or_sha256(
+        b.output, b.output_sha256
+    )
 
 
 def _describe_outcome(outcome: OutcomeEvent | None) -> str:
@@ -104,7 +102,10 @@ def _describe_outcome(outcome: OutcomeEvent | None) -> str:
 def compare(a: Trace, b: Trace, verbose: bool) -> Difference | None:
     """The first difference between two runs, or None when they are the same."""
     ra, rb = a.run, b.run
-    sa, sb = _sha(ra.input, ra.input_sha256), _sha(rb.input, rb.input_sha256)
+    sa, sb = (
+        stored_or_sha256(ra.input, ra.input_sha256),
+        stored_or_sha256(rb.input, rb.input_sha256),
+    )
     if sa != sb:
         return _payload_difference(
             "run",
@@ -132,7 +133,10 @@ def compare(a: Trace, b: Trace, verbose: bool) -> Difference | None:
                     f"B: inside call {parent_b}" if parent_b else "B: at run level",
                 ],
             )
-        ia, ib = _sha(ca.input, ca.input_sha256), _sha(cb.input, cb.input_sha256)
+        ia, ib = (
+            stored_or_sha256(ca.input, ca.input_sha256),
+            stored_or_sha256(cb.input, cb.input_sha256),
+        )
         if ia != ib:
             what = "request (prompt) differs" if isinstance(ca, LlmRequest) else "arguments differ"
             return _payload_difference(
@@ -161,8 +165,8 @@ def compare(a: Trace, b: Trace, verbose: bool) -> Difference | None:
             return _payload_difference(
                 where,
                 f"{_label(ca)}: {what} (same request)",
-                (f"{ca.id} outcome", oa.output, _sha(oa.output, oa.output_sha256)),
-                (f"{cb.id} outcome", ob.output, _sha(ob.output, ob.output_sha256)),
+                (f"{ca.id} outcome", oa.output, stored_or_sha256(oa.output, oa.output_sha256)),
+                (f"{cb.id} outcome", ob.output, stored_or_sha256(ob.output, ob.output_sha256)),
                 verbose,
             )
     if len(calls_a) != len(calls_b):
@@ -187,7 +191,10 @@ def compare(a: Trace, b: Trace, verbose: bool) -> Difference | None:
                 f"B: {rb.status}" + (f" {rb.error_type}" if rb.error_type else ""),
             ],
         )
-    oa_sha, ob_sha = _sha(ra.output, ra.output_sha256), _sha(rb.output, rb.output_sha256)
+    oa_sha, ob_sha = (
+        stored_or_sha256(ra.output, ra.output_sha256),
+        stored_or_sha256(rb.output, rb.output_sha256),
+    )
     if oa_sha != ob_sha:
         return _payload_difference(
             "run output",

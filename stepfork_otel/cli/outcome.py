@@ -32,7 +32,7 @@ from stepfork_otel.recording import settings as _settings
 from stepfork_otel.recording.boundaries import qualified_name
 from stepfork_otel.recording.payload import capture
 from stepfork_otel.replay.errors import RecordedDependencyError, ReplayError
-from stepfork_otel.trace.canonical import sha256_hex
+from stepfork_otel.trace.canonical import stored_or_sha256
 from stepfork_otel.trace.models import RunInfo
 
 Verdict = Literal["MATCHED", "DIVERGED", "NOT RECORDED", "REPRODUCED FAILURE"]
@@ -85,9 +85,7 @@ def raised_type_names(exc: BaseException) -> list[str]:
 
 def recorded_output_sha256(run: RunInfo) -> str | None:
     """The recorded final output's fingerprint (computed from the text for legacy bundles)."""
-    if run.output_sha256 is not None:
-        return run.output_sha256
-    return None if run.output is None else sha256_hex(run.output)
+    return stored_or_sha256(run.output, run.output_sha256)
 
 
 def describe_exception(exc: BaseException) -> str:

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from stepfork_otel import constants as k
 from stepfork_otel.recording import settings as _settings
 from stepfork_otel.recording.payload import Payload
-from stepfork_otel.trace.canonical import canonical_json
+from stepfork_otel.trace.canonical import sha256_hex
 from stepfork_otel.trace.models import (
     ContextSpan,
     ErrorEvent,
@@ -46,6 +46,7 @@ from stepfork_otel.trace.models import (
     ToolCall,
     ToolResult,
     Trace,
+    error_output,
 )
 from stepfork_otel.trace.policy import ReplayPolicy
 
@@ -242,16 +243,15 @@ def _outcome(span: SpanRecord, call_id: str, base: dict[str, Any], name: str) ->
     if status in (k.STATUS_ERROR, k.STATUS_SKIPPED):
         error_type = _str(attrs, k.ERROR_TYPE, "Exception")
         message = _error_message(span) or ""
-        text = canonical_json({"error_type": error_type, "message": message})
-        data = text.encode("utf-8")
+        text = error_output(error_type, message)
         return ErrorEvent(
             id=f"{call_id}.error",
             status="skipped" if status == k.STATUS_SKIPPED else "error",
             error_type=error_type,
             message=message,
             output=text,
-            output_sha256=hashlib.sha256(data).hexdigest(),
-            output_size=len(data),
+            output_sha256=sha256_hex(text),
+            output_size=len(text.encode("utf-8")),
             **common,
         )
     out = _extract(span, is_input=False)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from stepfork_otel.replay.errors import COMPUTED_FROM_TRACE, CallDescription
-from stepfork_otel.trace.canonical import sha256_hex
+from stepfork_otel.trace.canonical import sha256_hex, stored_or_sha256
 from stepfork_otel.trace.models import (
     LlmRequest,
     OutcomeEvent,
@@ -75,9 +75,7 @@ class RecordedCall:
         outcome = self.outcome
         if outcome is None:
             return None
-        if outcome.output_sha256 is not None:
-            return outcome.output_sha256
-        return sha256_hex(outcome.output) if outcome.output is not None else None
+        return stored_or_sha256(outcome.output, outcome.output_sha256)
 
     def describe(self) -> CallDescription:
         event = self.event

@@ -36,7 +36,6 @@ from __future__ import annotations
 import functools
 import gc
 import gzip
-import hashlib
 import os
 import re
 import tempfile
@@ -53,7 +52,7 @@ import orjson
 from pydantic import ValidationError
 
 from stepfork_otel.constants import FORMAT_NAME, FORMAT_VERSION
-from stepfork_otel.trace.canonical import canonical_json, model_fingerprint
+from stepfork_otel.trace.canonical import model_fingerprint, sha256_hex
 from stepfork_otel.trace.models import (
     EVENT_ADAPTER,
     TRACE_ADAPTER,
@@ -64,6 +63,7 @@ from stepfork_otel.trace.models import (
     ToolCall,
     ToolResult,
     Trace,
+    error_output,
     pair_outcomes,
 )
 
@@ -753,7 +753,7 @@ def _check(
 ) -> Problem | None:
     if text is None or expected is None:
         return None
-    actual = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    actual = sha256_hex(text)
     if actual != expected:
         return Problem(
             event_id,
@@ -802,7 +802,7 @@ def _model_fingerprint_matches(
 def _error_fields_match(event: ErrorEvent) -> Problem | None:
     """Replay and the CLI read ``error_type``/``message``; the fingerprint covers ``output``. The
     two must say the same, or an edit to the readable fields would pass verification."""
-    expected = canonical_json({"error_type": event.error_type, "message": event.message})
+    expected = error_output(event.error_type, event.message)
     if event.output != expected:
         return Problem(
             event.id, "error_type/message differ from the fingerprinted output of this error"

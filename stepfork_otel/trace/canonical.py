@@ -237,6 +237,14 @@ def sha256_hex(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def stored_or_sha256(text: str | None, stored: str | None) -> str | None:
+    """A payload's fingerprint: the stored one, else computed from its text (legacy and
+    hand-built bundles carry none), else None when there is no text either."""
+    if stored is not None:
+        return stored
+    return None if text is None else sha256_hex(text)
+
+
 def fingerprint(value: Any) -> str:
     """SHA-256 fingerprint of ``value``'s canonical JSON (``value`` must already be redacted)."""
     return hashlib.sha256(canonical_bytes(value)).hexdigest()

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from stepfork_otel.constants import FORMAT_NAME, FORMAT_VERSION
+from stepfork_otel.trace.canonical import canonical_json
 from stepfork_otel.trace.canonical import loads as canonical_loads
 from stepfork_otel.trace.policy import ReplayPolicy
 
@@ -107,13 +108,18 @@ class LlmResponse(_OutcomeEvent):
 
 
 class ErrorEvent(_OutcomeEvent):
-    """A call that raised: the exception type and its redacted message. ``output`` holds the
-    canonical ``{"error_type", "message"}`` so the outcome is fingerprinted like any other."""
+    """A call that raised: the exception type and its redacted message. ``output`` holds
+    :func:`error_output` of them, so the outcome is fingerprinted like any other."""
 
     type: Literal["error"] = "error"
     status: Status = "error"
     error_type: str
     message: str
+
+
+def error_output(error_type: str, message: str) -> str:
+    """The ``output`` of an :class:`ErrorEvent`: canonical ``{"error_type", "message"}``."""
+    return canonical_json({"error_type": error_type, "message": message})
 
 
 Event = Annotated[
