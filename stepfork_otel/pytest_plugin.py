@@ -136,7 +136,7 @@ def replay_report(session: ReplaySession, verbose: bool, raised: BaseException |
     lines = [
         f"stepfork replay of {where}(mode {session.mode.value}) diverged from the recording",
         "Dependency-call matching: " + matching_headline(result, recorded),
-        *matching_section(result, recorded, Style(None, enabled=False), verbose),
+        *matching_section(result, Style(None, enabled=False), verbose),
     ]
     if raised is not None and not isinstance(raised, ReplayError):
         lines.append(f"the test then raised {describe_exception(raised)}")

@@ -1,5 +1,5 @@
 """The ``stepfork`` command: ``replay``, ``validate``, ``export pytest``, ``show``, ``diff`` and
-(issue 5) ``import``.
+``import``.
 
 Each command is one module with ``add_parser(subparsers)`` and ``run(args) -> int``; ``main``
 builds the parser from the list of those modules, so a command is added by writing its module and
@@ -11,8 +11,6 @@ a bundle that cannot be read) is one line on stderr and exit 2; a traceback only
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import os
 import re
 import sys
@@ -20,19 +18,14 @@ import traceback
 from types import ModuleType
 from typing import Any, NoReturn, TextIO
 
-from stepfork_otel.cli import diff_cmd, export_cmd, replay_cmd, show_cmd, validate_cmd
+from stepfork_otel.cli import diff_cmd, export_cmd, import_cmd, replay_cmd, show_cmd, validate_cmd
 from stepfork_otel.cli._common import EXIT_BAD_INPUT, EXIT_OK, CliError, print_error
 from stepfork_otel.trace.bundle import BundleError
-
-_IMPORT_CMD = "stepfork_otel.cli.import_cmd"
 
 
 def command_modules() -> list[ModuleType]:
     """The command modules, in the order ``stepfork --help`` lists them."""
-    modules: list[ModuleType] = [replay_cmd, validate_cmd, export_cmd, show_cmd, diff_cmd]
-    if importlib.util.find_spec(_IMPORT_CMD) is not None:  # written with issue 5
-        modules.append(importlib.import_module(_IMPORT_CMD))
-    return modules
+    return [replay_cmd, validate_cmd, export_cmd, show_cmd, diff_cmd, import_cmd]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -215,7 +215,7 @@ class ReplayReport:
 
     @property
     def exit_code(self) -> int:
-        matched = not self.result.errors and not self.result.pending
+        matched = self.result.ok
         return EXIT_OK if matched and self.outcome.ok else EXIT_DIFFERENT
 
     def recorded_summary(self) -> str:
@@ -234,7 +234,7 @@ class ReplayReport:
             if self.outcome.verdict == "REPRODUCED FAILURE":
                 return "reproduced the recorded failure"
             return "completed and matched the recording"
-        if self.result.errors or self.result.pending:
+        if not self.result.ok:
             return "diverged from the recording (dependency calls)"
         return "diverged from the recording (outcome)"
 
@@ -283,7 +283,7 @@ class ReplayReport:
         lines += [
             "",
             style.bold("2. Dependency-call matching: ") + style.status(verdict) + f" {rest}",
-            *matching_section(self.result, len(self.trace.calls), style, verbose, indent=i),
+            *matching_section(self.result, style, verbose, indent=i),
             *(f"{i}hint: {hint}" for hint in self.hints),
             "",
             style.bold("3. Output comparison: ") + style.status(self.outcome.verdict),

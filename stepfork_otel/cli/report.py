@@ -10,36 +10,28 @@ from __future__ import annotations
 from typing import Any
 
 from stepfork_otel.cli._common import Style, abbreviate_in_text, preview
-from stepfork_otel.recording import settings as _settings
 from stepfork_otel.replay.errors import ReplayError
 from stepfork_otel.replay.plan import RecordedCall
 from stepfork_otel.replay.session import ReplayedCall, ReplayResult
 
 
-def _redacted(text: str | None) -> str | None:
-    # an executed (live) call's exception message was never redacted by replay
-    return None if text is None else _settings.settings().redactor.redact_message(text)
-
-
-def call_label(kind: str, name: str, provider: str | None, model: str | None) -> str:
-    return f"llm {provider}/{model}" if kind == "llm" else f"tool {name}"
-
-
 def recorded_label(rc: RecordedCall) -> str:
-    event = rc.event
-    provider = getattr(event, "provider", None)
-    model = getattr(event, "model", None)
-    return f"{event.id} " + call_label(rc.kind, rc.name, provider, model)
+    return f"{rc.event.id} {rc.describe().label()}"
 
 
 def matching_verdict(result: ReplayResult) -> str:
     """``MATCHED`` or ``DIVERGED``: a divergence raised (caught by the agent or not), or recorded
     calls left over."""
-    return "MATCHED" if not result.errors and not result.pending else "DIVERGED"
+    return "MATCHED" if result.ok else "DIVERGED"
+
+
+def _matched(result: ReplayResult) -> int:
+    counts = result.counts()
+    return counts["substituted"] + counts["executed"]
 
 
 def matching_headline(result: ReplayResult, recorded_calls: int) -> str:
-    matched = sum(1 for c in result.calls if c.action != "rejected")
+    matched = _matched(result)
     skipped = f", {len(result.skipped)} skipped inside substituted calls" if result.skipped else ""
     first = result.errors[0] if result.errors else None
     if first is not None and first.position:
@@ -60,7 +52,7 @@ def matching_headline(result: ReplayResult, recorded_calls: int) -> str:
 
 
 def _call_suffix(call: ReplayedCall) -> str:
-    error = _redacted(call.error)
+    error = call.error  # replay redacts every message it keeps
     if call.action == "substituted" and call.status == "error":
         return f"  recorded failure replayed: {preview(error, limit=80)}"
     if call.action == "executed":
@@ -71,7 +63,7 @@ def _call_suffix(call: ReplayedCall) -> str:
 def call_lines(result: ReplayResult, style: Style, indent: str = "   ") -> list[str]:
     """One line per call the run made, then the recorded calls it never reached."""
     lines: list[str] = []
-    labels = [call_label(c.kind, c.name, c.provider, c.model) for c in result.calls]
+    labels = [c.label for c in result.calls]
     width = max((len(label) for label in labels), default=0)
     expected_at = {  # a refused call: the recorded call replay expected there, if any
         error.position: error.expected.event_id
@@ -112,7 +104,7 @@ def divergence_lines(error: ReplayError, verbose: bool, indent: str = "   ") -> 
 
 
 def matching_section(
-    result: ReplayResult, recorded_calls: int, style: Style, verbose: bool, indent: str = "   "
+    result: ReplayResult, style: Style, verbose: bool, indent: str = "   "
 ) -> list[str]:
     """Call lines plus, when there is one, the first divergence in full."""
     lines = call_lines(result, style, indent)
@@ -126,11 +118,11 @@ def matching_data(result: ReplayResult, recorded_calls: int) -> dict[str, Any]:
     first = result.errors[0] if result.errors else None
     divergence: dict[str, Any] | None = None
     if first is not None:
-        divergence = {**first.to_dict(), "message": str(first)}
+        divergence = first.to_dict()
     return {
         "verdict": matching_verdict(result),
         "recorded_calls": recorded_calls,
-        "matched": sum(1 for c in result.calls if c.action != "rejected"),
+        "matched": _matched(result),
         "calls": [
             {
                 "position": c.position,
@@ -141,7 +133,7 @@ def matching_data(result: ReplayResult, recorded_calls: int) -> dict[str, Any]:
                 "action": c.action,
                 "recorded_id": c.recorded_id,
                 "status": c.status,
-                "error": _redacted(c.error),
+                "error": c.error,
                 "input_sha256": c.input_sha256,
                 "notes": list(c.notes),
             }

@@ -54,7 +54,6 @@ logger = logging.getLogger("stepfork_otel")
 
 #: The API's suppression key (set while the processor writes, so nothing it does is traced).
 _SUPPRESS_KEY = getattr(context_api, "_SUPPRESS_INSTRUMENTATION_KEY", "suppress_instrumentation")
-_STEPFORK_KINDS = (k.KIND_RUN, k.KIND_TOOL, k.KIND_LLM)
 
 
 def _attributes(span: ReadableSpan) -> dict[str, Any]:

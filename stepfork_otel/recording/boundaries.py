@@ -352,11 +352,11 @@ def _decide(prepared: _Prepared) -> ReplayDecision | None:
     try:
         decision = session.begin_call(prepared.call)
     except BaseException as exc:
-        attributes[k.REPLAY_ACTION] = "rejected"
+        attributes[k.REPLAY_ACTION] = k.ACTION_REJECTED
         _record_refusal(prepared, exc)
         raise
     attributes[k.REPLAY_ACTION] = decision.action
-    if decision.action == "substituted":
+    if decision.action == k.ACTION_SUBSTITUTED:
         if decision.output is not None:
             try:
                 attributes.update(payload_attributes(k.OUTPUT, decision.output))
@@ -393,7 +393,9 @@ def _open_decided(
     raised (``_fail_or_log``): the session has already consumed the call, so it is told that the
     call failed -- its result was not delivered, its body did not run -- and reports it."""
     try:
-        return _open_span(prepared, body=decision is None or decision.action != "substituted")
+        return _open_span(
+            prepared, body=decision is None or decision.action != k.ACTION_SUBSTITUTED
+        )
     except BaseException as exc:
         if decision is not None and prepared.session is not None:
             prepared.session.abandon_call(decision, exc)
@@ -453,7 +455,7 @@ def _run_sync(prepared: _Prepared | None, body: Callable[[], R]) -> R:
         return body()  # stepfork could not record this call (logged): the call still runs
     span, token = opened
     try:
-        if decision is not None and decision.action == "substituted":
+        if decision is not None and decision.action == k.ACTION_SUBSTITUTED:
             return typing.cast(R, _substituted(span, prepared, decision))
         try:
             result = body()
@@ -475,7 +477,7 @@ async def _run_async(prepared: _Prepared | None, body: Callable[[], Awaitable[R]
         return await body()
     span, token = opened
     try:
-        if decision is not None and decision.action == "substituted":
+        if decision is not None and decision.action == k.ACTION_SUBSTITUTED:
             return typing.cast(R, _substituted(span, prepared, decision))
         try:
             result = await body()

@@ -10,10 +10,9 @@ concurrent code: two tasks started together record ``A, B, A's inner call``, so 
 not contiguous. Skipping the descendants of a substituted call therefore marks them, and the
 cursor moves to the next call still pending.
 
-Pairing a call with its outcome follows ``parent_id``. Bundles written before parent links (or
-by hand) are paired the documented legacy way: a result takes the oldest unpaired call of the same
-tool name (or LLM model); an error takes the most recent unpaired call. A call with no outcome is
-a call with a *missing* result: replay raises at it rather than inventing one.
+Pairing a call with its outcome is :func:`~stepfork_otel.trace.models.pair_outcomes`: by
+``parent_id``, or the documented legacy rule for bundles without parent links. A call with no
+outcome is a call with a *missing* result: replay raises at it rather than inventing one.
 """
 
 from __future__ import annotations

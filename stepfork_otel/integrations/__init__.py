@@ -1,1 +1,0 @@
-"""Optional wrappers for LLM client libraries (none required)."""
