@@ -728,9 +728,18 @@ def test_a_sampled_out_run_warns_and_writes_nothing(
 
     provider = TracerProvider(sampler=ALWAYS_OFF)
     configure(directory=tmp_path / "traces", tracer_provider=provider)
+    during: list[dict[int, Any]] = []
+
+    @trace_tool
+    def probe(city: str) -> str:
+        during.append(dict(boundaries.side_payloads))  # while its (unsampled) span is open
+        return city
+
     with caplog.at_level("WARNING", logger="stepfork_otel"), record(tmp_path / "s.sftrace") as run:
         assert search_flights("X") == [{"city": "X", "n": 0}, {"city": "X", "n": 1}]
+        assert probe("Y") == "Y"
     assert run.path is None
     assert not (tmp_path / "s.sftrace").exists()
     assert "was not sampled" in caplog.text
-    assert boundaries.side_payloads == {}  # nothing kept for spans no processor will see
+    assert during == [{}]  # nothing kept for spans no processor will see, not even for a while
+    assert boundaries.side_payloads == {}

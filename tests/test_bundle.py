@@ -685,13 +685,11 @@ HOSTILE: dict[str, tuple[bytes, str]] = {
 @pytest.mark.parametrize("case", list(HOSTILE), ids=list(HOSTILE))
 def test_hostile_lines_give_a_one_line_bundle_error(tmp_path: Path, case: str) -> None:
     data, reason = HOSTILE[case]
-    pwned = tmp_path / "pwned"
     error = _load_error(_write(tmp_path / "h.sftrace", data))
     assert reason in str(error)
     with pytest.raises(BundleError) as info:
         parse_trace(data)
     assert str(info.value) == "<trace>: " + error.reason
-    assert not pwned.exists()
 
 
 def test_a_tampered_payload_line_loads_and_fails_verification(tmp_path: Path) -> None:

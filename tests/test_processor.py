@@ -172,21 +172,24 @@ def test_force_flush_writes_an_incomplete_snapshot_then_the_whole_run(
     snapshots: list[Trace] = []
 
     @trace_tool
-    def slow(step: int) -> str:
+    def slow(step: int, note: str) -> str:
         assert recording.provider.force_flush()
         snapshots.append(Trace.load(path))
         return "done"
 
+    configure(max_span_payload_bytes=64)  # the open call's input is left off its span
     with record(path, input={"q": "flush"}):
         lookup("before")
-        slow(1)
+        slow(1, "n" * 200)
     snapshot = snapshots[0]
     assert snapshot.complete is False
     assert snapshot.incomplete_reason == "the run had not finished when the bundle was flushed"
     assert [e.type for e in snapshot.events] == ["tool_call", "tool_result", "tool_call"]
     open_call = snapshot.calls[1]
     assert snapshot.outcome_of(open_call) is None  # the call still running has no outcome
-    assert open_call.input == '{"step":1}'
+    assert (
+        open_call.input == '{"note":"' + "n" * 200 + '","step":1}'
+    )  # whole, from the side channel
     assert snapshot.run.input == '{"q":"flush"}'
     assert validate_structure(snapshot) == []
     final = Trace.load(path)
@@ -213,6 +216,9 @@ def test_shutdown_with_an_open_run_leaves_an_incomplete_bundle(
     assert [e.type for e in trace.events] == ["tool_call", "tool_result", "tool_call"]
     assert trace.outcome_of(trace.calls[1]) is None
     assert trace.run.end_time_unix_nano == 0  # the run had not ended either
+    # and after shutdown the processor writes nothing more: the one bundle is the flushed one
+    assert recording.processor.stats.bundles_written == 1
+    assert not recording.directory.exists() or list(recording.directory.iterdir()) == []
 
 
 # --- bounds --------------------------------------------------------------------------------------

@@ -288,6 +288,15 @@ def test_grouped_needle_search_finds_exactly_the_needles_present() -> None:
             assert _found_needles(groups, data) == expected, text[:200]
 
 
+def test_overlapping_needles_are_all_found() -> None:
+    # "AKIAIza": two needles of one group overlap; the second starts inside the first's match
+    assert _found_needles(DEFAULT_REDACTOR._raw_groups, b"AKIAIza") == {b"AKIA", b"AIza"}
+    google = next(s for s in SECRETS if s.family == "google")
+    for payload in _shapes("AKI" + google.text):  # a Google key glued behind "AKI"
+        _assert_precheck_is_sound(DEFAULT_REDACTOR, payload)
+        assert google.secret not in DEFAULT_REDACTOR.redact_canonical(canonical_json(payload))
+
+
 def test_precheck_misses_are_detected_by_these_tests() -> None:
     # The property tests above can fail: a redactor whose OpenAI trigger is wrong is caught.
     broken = Redactor(

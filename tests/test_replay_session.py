@@ -604,7 +604,14 @@ def test_a_recorded_failure_message_is_sanitised_again() -> None:
     assert secret not in str(caught.value)
 
 
-def test_nothing_named_in_a_bundle_is_imported() -> None:
+def test_nothing_named_in_a_bundle_is_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the module the bundle names exists and is importable: importing it would leave a mark
+    (tmp_path / "stepfork_evil_module_zz.py").write_text(
+        f"open({str(tmp_path / 'pwned')!r}, 'w').close()\nclass Boom(Exception): pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
     trace = Trace.load(FAILURE)
     events = list(trace.events)
     index = next(i for i, e in enumerate(events) if isinstance(e, ErrorEvent))
@@ -620,7 +627,9 @@ def test_nothing_named_in_a_bundle_is_imported() -> None:
     with pytest.raises(RecordedDependencyError) as caught, ReplaySession.from_trace(edited):
         agent.run_dinner_agent(agent.PORTO)
     assert caught.value.error_type == error_type
+    assert type(caught.value) is RecordedDependencyError
     assert "stepfork_evil_module_zz" not in sys.modules
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_recorded_big_integers_are_substituted_exactly(recording: Recording) -> None:
