@@ -265,10 +265,9 @@ def assert_recorded_output(output: Any, recorded_sha256: str, recorded: str | No
     """The replayed return value, redacted and canonicalised as recording does, must have the
     recorded output fingerprint. ``recorded`` (the recorded canonical JSON) is only shown."""
     from stepfork_otel.cli._common import abbreviate, preview
-    from stepfork_otel.recording import settings as _settings
     from stepfork_otel.recording.payload import capture
 
-    payload = capture(output, _settings.settings().redactor)
+    payload = capture(output)
     if payload.sha256 == recorded_sha256:
         return
     pytest.fail(

@@ -304,17 +304,11 @@ class SftraceSpanProcessor(SpanProcessor):
         is_local_root: bool,
     ) -> list[_Job]:
         """Buffer an ended span; the bundles its end completes (caller holds the lock)."""
-        entry = self._traces.get(trace_id)
-        if entry is None and trace_id in self._refused:
+        entry = self._entry(trace_id)  # None: the trace is refused (now or earlier)
+        if entry is None:
             self._refused[trace_id] += 1
             self.stats.dropped_spans += 1
             return self._refused_job(span, payloads, is_local_root)
-        if entry is None:
-            entry = self._entry(trace_id)
-            if entry is None:
-                self._refused[trace_id] += 1
-                self.stats.dropped_spans += 1
-                return self._refused_job(span, payloads, is_local_root)
         tracked = entry.open.pop(span_id, None) is not None
         if tracked or entry.size() < self.max_spans_per_trace:
             entry.ended[span_id] = (span, payloads)

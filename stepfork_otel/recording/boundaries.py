@@ -195,7 +195,7 @@ def record_failure(span: Span, exc: BaseException) -> None:
     The sanitised ``exception`` event replaces OTel's ``record_exception``, which would copy the
     raw message (secrets included) and the traceback onto the span."""
     error_type = qualified_name(type(exc))
-    message = _settings.settings().redactor.redact_message(_message(exc))
+    message = exception_message(exc)
     _keep_payload(span, k.ERROR_MESSAGE, Payload.from_text(message))  # whole, past length limits
     span.set_attribute(k.STATUS, k.STATUS_ERROR)
     span.set_attribute(k.ERROR_TYPE, error_type)
@@ -204,11 +204,14 @@ def record_failure(span: Span, exc: BaseException) -> None:
     span.set_status(Status(StatusCode.ERROR, f"{error_type}: {message}"))
 
 
-def _message(exc: BaseException) -> str:
+def exception_message(exc: BaseException) -> str:
+    """The message of ``exc`` as stepfork keeps it anywhere: redacted and bounded. A broken
+    ``__str__`` gives a placeholder: it must not hide the exception being recorded."""
     try:
-        return str(exc)
-    except Exception:  # a broken __str__ must not hide the user's exception
-        return f"<unprintable {type(exc).__name__}>"
+        message = str(exc)
+    except Exception:
+        message = f"<unprintable {type(exc).__name__}>"
+    return _settings.settings().redactor.redact_message(message)
 
 
 def qualified_name(cls: type) -> str:
@@ -233,12 +236,17 @@ class _Prepared:
     """The span's entry in the side channel, once the input was handed over."""
 
 
+def _captured_input(value: Any) -> tuple[Payload, ReplaySession | None]:
+    """The call's input as recorded, and the replay session the call is made in (if any)."""
+    session = current_session.get()
+    recorded = None if session is None else session.expected_input()
+    return capture(value, recorded=recorded), session
+
+
 def _prepare_tool(
     name: str, policy: ReplayPolicy, arguments: dict[str, Any], output_type: Any
 ) -> _Prepared:
-    session = current_session.get()
-    recorded = None if session is None else session.expected_input()
-    payload = capture(arguments, _settings.settings().redactor, recorded)
+    payload, session = _captured_input(arguments)
     call = BoundaryCall("tool", name, payload, policy, output_type=output_type)
     attributes = {
         k.KIND: k.KIND_TOOL,
@@ -253,9 +261,7 @@ def _prepare_tool(
 def _prepare_llm(
     provider: str, model: str, operation: str, request: Any, policy: ReplayPolicy, output_type: Any
 ) -> _Prepared:
-    session = current_session.get()
-    recorded = None if session is None else session.expected_input()
-    payload = capture(request, _settings.settings().redactor, recorded)
+    payload, session = _captured_input(request)
     fingerprint = model_fingerprint(provider, model, operation)
     call = BoundaryCall(
         "llm",
@@ -417,7 +423,7 @@ def _finish_ok(
 ) -> None:
     payload: Payload | None = None
     try:
-        payload = capture(result, _settings.settings().redactor)
+        payload = capture(result)
         attributes = payload_attributes(k.OUTPUT, payload)
         attributes[k.STATUS] = k.STATUS_OK
         if prepared.call.kind == "llm":
@@ -427,23 +433,17 @@ def _finish_ok(
             prepared.kept[k.OUTPUT] = payload
     except Exception:
         log_or_raise("recording a call output")
-    if decision is not None:
-        current_session_end(decision, payload, None)
+    if decision is not None and prepared.session is not None:
+        prepared.session.end_call(decision, payload, None)
 
 
-def _finish_error(span: Span, exc: BaseException, decision: ReplayDecision | None) -> None:
+def _finish_error(
+    span: Span, prepared: _Prepared, exc: BaseException, decision: ReplayDecision | None
+) -> None:
     with handle_internal_errors("recording a call failure"):
         record_failure(span, exc)
-    if decision is not None:
-        current_session_end(decision, None, exc)
-
-
-def current_session_end(
-    decision: ReplayDecision, output: Payload | None, error: BaseException | None
-) -> None:
-    session = current_session.get()
-    if session is not None:
-        session.end_call(decision, output, error)
+    if decision is not None and prepared.session is not None:
+        prepared.session.end_call(decision, None, exc)
 
 
 def _run_sync(prepared: _Prepared | None, body: Callable[[], R]) -> R:
@@ -460,7 +460,7 @@ def _run_sync(prepared: _Prepared | None, body: Callable[[], R]) -> R:
         try:
             result = body()
         except BaseException as exc:
-            _finish_error(span, exc, decision)
+            _finish_error(span, prepared, exc, decision)
             raise
         _finish_ok(span, prepared, result, decision)
         return result
@@ -482,7 +482,7 @@ async def _run_async(prepared: _Prepared | None, body: Callable[[], Awaitable[R]
         try:
             result = await body()
         except BaseException as exc:
-            _finish_error(span, exc, decision)
+            _finish_error(span, prepared, exc, decision)
             raise
         _finish_ok(span, prepared, result, decision)
         return result

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, NamedTuple
 
+from stepfork_otel.recording import settings as _settings
 from stepfork_otel.trace.canonical import (
     UnserialisableError,
     canonical_bytes,
@@ -36,8 +37,11 @@ class Payload(NamedTuple):
         return cls(text, hashlib.sha256(data).hexdigest(), len(data))
 
 
-def capture(value: Any, redactor: Redactor, recorded: tuple[str, str] | None = None) -> Payload:
-    """Redacted canonical JSON of ``value`` and its fingerprint.
+def capture(
+    value: Any, redactor: Redactor | None = None, recorded: tuple[str, str] | None = None
+) -> Payload:
+    """Redacted canonical JSON of ``value`` and its fingerprint; ``redactor`` defaults to the one
+    configured (``configure(redactor=...)``).
 
     ``recorded`` (during replay): the text and stored fingerprint of the recorded input the
     session expects next (see ``ReplaySession.expected_input``). The value is redacted as always;
@@ -50,6 +54,8 @@ def capture(value: Any, redactor: Redactor, recorded: tuple[str, str] | None = N
         raw = canonical_bytes(unserialisable_marker(value, str(exc)))
         unserialisable = True
     text = raw.decode("utf-8")
+    if redactor is None:
+        redactor = _settings.settings().redactor
     redacted = redactor.redact_canonical(text)
     if redacted is not text:
         raw = redacted.encode("utf-8")

@@ -121,9 +121,7 @@ class RunRecorder:
         self.trace_id = format(span_context.trace_id, "032x")
         with handle_internal_errors("recording the run input"):
             if self._input is not _UNSET:
-                set_payload_attributes(
-                    span, k.INPUT, capture(self._input, _settings.settings().redactor)
-                )
+                set_payload_attributes(span, k.INPUT, capture(self._input))
         if not span.is_recording():
             logger.warning(
                 "stepfork_otel: the run %r was not sampled by the tracer provider's sampler; "
@@ -148,9 +146,7 @@ class RunRecorder:
         self._span = None
         with handle_internal_errors("recording the run outcome"):
             if self._output is not _UNSET:
-                set_payload_attributes(
-                    span, k.OUTPUT, capture(self._output, _settings.settings().redactor)
-                )
+                set_payload_attributes(span, k.OUTPUT, capture(self._output))
             if exc is not None:
                 record_failure(span, exc)
             else:

@@ -36,6 +36,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from stepfork_otel.recording import settings as _settings
+from stepfork_otel.recording.boundaries import exception_message
 from stepfork_otel.recording.payload import Payload
 from stepfork_otel.replay.context import BoundaryCall, ReplayDecision, current_session
 from stepfork_otel.replay.errors import (
@@ -165,13 +166,8 @@ class ReplayResult:
 
 
 def _described(error: BaseException) -> str:
-    """``Type: redacted message`` of an exception raised during replay (a broken ``__str__``
-    must not replace the exception being reported)."""
-    try:
-        message = str(error)
-    except Exception:
-        message = f"<unprintable {type(error).__name__}>"
-    return f"{type(error).__name__}: {_settings.settings().redactor.redact_message(message)}"
+    """``Type: redacted message`` of an exception raised during replay."""
+    return f"{type(error).__name__}: {exception_message(error)}"
 
 
 def parse_mode(mode: ReplayMode | str) -> ReplayMode:

@@ -51,7 +51,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from stepfork_otel.constants import FORMAT_NAME, FORMAT_VERSION
+from stepfork_otel.constants import FORMAT_NAME, FORMAT_VERSION, GZIP_MAGIC
 from stepfork_otel.trace.canonical import model_fingerprint, sha256_hex
 from stepfork_otel.trace.models import (
     EVENT_ADAPTER,
@@ -67,7 +67,6 @@ from stepfork_otel.trace.models import (
     pair_outcomes,
 )
 
-_GZIP_MAGIC = b"\x1f\x8b"
 #: A gzipped bundle may not expand beyond this many bytes (a hostile "zip bomb" stops here).
 MAX_DECOMPRESSED_BYTES = 2 * 1024**3
 #: Longest excerpt of a bundle's own data (a key, a tag, an id) quoted in an error message.
@@ -479,12 +478,12 @@ def _file_chunks(path: Path) -> Iterator[bytes]:
         raise BundleError(path, f"cannot read: {exc.strerror or exc}") from None
     with handle:
         try:
-            first = handle.read(max(_CHUNK, len(_GZIP_MAGIC)))
+            first = handle.read(max(_CHUNK, len(GZIP_MAGIC)))
         except IsADirectoryError:
             raise BundleError(path, "is a directory, not a .sftrace bundle") from None
         except OSError as exc:
             raise BundleError(path, f"cannot read: {exc.strerror or exc}") from None
-        if first[:2] == _GZIP_MAGIC:
+        if first.startswith(GZIP_MAGIC):
             yield from _gunzip_chunks(first, handle, path)
             return
         chunk = first
@@ -616,7 +615,7 @@ def dump_trace(trace: Trace) -> bytes:
             parts += [dump(event, exclude_none=True, exclude=no_output), b"\n"]
             if event.output is not None:
                 parts += [_P_OUT, _payload_bytes(event.output, event.id), b"}\n"]
-    parts.append(b'{"end":"sftrace","events":%d}\n' % len(trace.events))
+    parts += [orjson.dumps({"end": FORMAT_NAME, "events": len(trace.events)}), b"\n"]
     return b"".join(parts)
 
 
