@@ -40,6 +40,7 @@ from stepfork_otel.cli._common import (
     resolve_entrypoint,
 )
 from stepfork_otel.cli.outcome import recorded_output_sha256
+from stepfork_otel.trace.bundle import bundle_stem
 from stepfork_otel.trace.models import CallEvent, LlmRequest, ToolCall, Trace
 from stepfork_otel.trace.policy import ReplayPolicy
 
@@ -201,7 +202,7 @@ def render_test(
     if is_async:
         call = f"asyncio.run({call})"
     mode = "manual" if approved else "live" if allow_live_tools else "frozen"
-    stem = _identifier(bundle.name.removesuffix(".gz").removesuffix(".sftrace"))
+    stem = _identifier(bundle_stem(bundle.name))
     failed = run.status == "error"
     output_sha = recorded_output_sha256(run)
 
@@ -362,10 +363,7 @@ def run(args: argparse.Namespace) -> int:
     output = (
         None
         if args.output == "-"
-        else Path(
-            args.output
-            or f"test_replay_{_identifier(bundle.name.removesuffix('.gz').removesuffix('.sftrace'))}.py"
-        )
+        else Path(args.output or f"test_replay_{_identifier(bundle_stem(bundle.name))}.py")
     )
     text = render_test(
         trace,

@@ -30,9 +30,8 @@ from stepfork_otel.cli._common import (
     add_common_arguments,
     print_error,
 )
-from stepfork_otel.constants import BUNDLE_SUFFIX
 from stepfork_otel.otel.otlp_json import ImportReport, OtlpImportError, iter_traces_from_otlp_json
-from stepfork_otel.trace.bundle import Problem, missing_payloads
+from stepfork_otel.trace.bundle import Problem, bundle_file_name, missing_payloads
 from stepfork_otel.trace.models import LlmRequest, ToolCall, Trace
 
 #: Problems listed one by one before the rest are only counted.
@@ -65,11 +64,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _bundle_path(directory: Path, trace: Trace, written: set[str]) -> Path:
-    name = trace.trace_id
-    if name in written and trace.run.span_id:
-        name = f"{trace.trace_id}-{trace.run.span_id}"
-    written.add(name)
-    return directory / f"{name}{BUNDLE_SUFFIX}"
+    """Named as the bundle processor names it (``bundle_file_name``)."""
+    again = trace.trace_id in written and trace.run.span_id
+    name = bundle_file_name(trace.trace_id, trace.run.span_id if again else None)
+    written.add(trace.trace_id)
+    return directory / name
 
 
 def _describe(trace: Trace) -> str:

@@ -48,7 +48,7 @@ from stepfork_otel._internal import handle_internal_errors
 from stepfork_otel.otel.conversion import SpanRecord, spans_to_trace, subtree
 from stepfork_otel.recording import boundaries
 from stepfork_otel.recording.payload import Payload
-from stepfork_otel.trace.bundle import save_trace
+from stepfork_otel.trace.bundle import bundle_file_name, save_trace
 
 logger = logging.getLogger("stepfork_otel")
 
@@ -167,8 +167,8 @@ class SftraceSpanProcessor(SpanProcessor):
     # -- destinations ----------------------------------------------------------------------------
 
     def _default_path(self, trace_id: int, directory: Path | None) -> Path:
-        suffix = k.BUNDLE_SUFFIX + (".gz" if self.compress else "")
-        return (directory or self.directory or Path("traces")) / f"{trace_id:032x}{suffix}"
+        name = bundle_file_name(f"{trace_id:032x}", compressed=self.compress)
+        return (directory or self.directory or Path("traces")) / name
 
     def _claim(self, path: Path, trace_id: int, span_id: int | None) -> Path:
         """A default path not yet used by another bundle of the same trace (caller holds lock):
@@ -178,8 +178,9 @@ class SftraceSpanProcessor(SpanProcessor):
             return path
         if path in entry.claimed:
             tag = "outside-runs" if span_id is None else f"{span_id:016x}"
-            suffix = k.BUNDLE_SUFFIX + (".gz" if self.compress else "")
-            path = path.with_name(f"{trace_id:032x}-{tag}{suffix}")
+            path = path.with_name(
+                bundle_file_name(f"{trace_id:032x}", tag, compressed=self.compress)
+            )
         entry.claimed.add(path)
         return path
 

@@ -51,7 +51,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from stepfork_otel.constants import FORMAT_NAME, FORMAT_VERSION, GZIP_MAGIC
+from stepfork_otel.constants import BUNDLE_SUFFIX, FORMAT_NAME, FORMAT_VERSION, GZIP_MAGIC
 from stepfork_otel.trace.canonical import model_fingerprint, sha256_hex
 from stepfork_otel.trace.models import (
     EVENT_ADAPTER,
@@ -72,6 +72,18 @@ MAX_DECOMPRESSED_BYTES = 2 * 1024**3
 #: Longest excerpt of a bundle's own data (a key, a tag, an id) quoted in an error message.
 MAX_QUOTED_CHARS = 80
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+
+
+def bundle_file_name(trace_id: str, tag: str | None = None, *, compressed: bool = False) -> str:
+    """``<trace_id>.sftrace`` (``.sftrace.gz`` compressed); a further bundle of the same trace
+    (another run, or its calls outside runs) gets ``<trace_id>-<tag>.sftrace``."""
+    stem = trace_id if tag is None else f"{trace_id}-{tag}"
+    return stem + BUNDLE_SUFFIX + (".gz" if compressed else "")
+
+
+def bundle_stem(name: str) -> str:
+    """A bundle's file name without its suffix (``.sftrace`` or ``.sftrace.gz``)."""
+    return name.removesuffix(".gz").removesuffix(BUNDLE_SUFFIX)
 
 
 def _one_line(text: str) -> str:
