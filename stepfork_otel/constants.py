@@ -102,6 +102,28 @@ OUTPUT_VALUE: Final = "output.value"
 OUTPUT_MIME_TYPE: Final = "output.mime_type"
 MIME_JSON: Final = "application/json"
 
+#: The attributes of one payload, in this order: text, sha256, size, omitted, preview, and the
+#: OpenInference value and mime type. Written by the boundaries, read by the span -> event
+#: conversion.
+INPUT_KEYS: Final = (
+    INPUT,
+    INPUT_SHA256,
+    INPUT_SIZE,
+    INPUT_OMITTED,
+    INPUT_PREVIEW,
+    INPUT_VALUE,
+    INPUT_MIME_TYPE,
+)
+OUTPUT_KEYS: Final = (
+    OUTPUT,
+    OUTPUT_SHA256,
+    OUTPUT_SIZE,
+    OUTPUT_OMITTED,
+    OUTPUT_PREVIEW,
+    OUTPUT_VALUE,
+    OUTPUT_MIME_TYPE,
+)
+
 # --- OTel exception event (the sanitised one stepfork writes instead of record_exception) -------
 
 EXCEPTION_EVENT: Final = "exception"

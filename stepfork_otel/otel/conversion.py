@@ -139,11 +139,7 @@ def _is_sha256(value: str) -> bool:
 
 
 def _extract(span: SpanRecord, is_input: bool) -> _Extracted:
-    key, sha_key, size_key, omitted_key = (
-        (k.INPUT, k.INPUT_SHA256, k.INPUT_SIZE, k.INPUT_OMITTED)
-        if is_input
-        else (k.OUTPUT, k.OUTPUT_SHA256, k.OUTPUT_SIZE, k.OUTPUT_OMITTED)
-    )
+    key, sha_key, size_key, omitted_key, *_ = k.INPUT_KEYS if is_input else k.OUTPUT_KEYS
     handed = span.payloads.get(key)
     if handed is not None:
         return _Extracted(handed.text, handed.sha256, handed.size, None)

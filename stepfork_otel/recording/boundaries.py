@@ -138,32 +138,14 @@ def end_span(span: Span) -> None:
             side_payloads.pop(span.get_span_context().span_id, None)
 
 
-_INPUT_KEYS = (
-    k.INPUT,
-    k.INPUT_SHA256,
-    k.INPUT_SIZE,
-    k.INPUT_OMITTED,
-    k.INPUT_PREVIEW,
-    k.INPUT_VALUE,
-    k.INPUT_MIME_TYPE,
-)
-_OUTPUT_KEYS = (
-    k.OUTPUT,
-    k.OUTPUT_SHA256,
-    k.OUTPUT_SIZE,
-    k.OUTPUT_OMITTED,
-    k.OUTPUT_PREVIEW,
-    k.OUTPUT_VALUE,
-    k.OUTPUT_MIME_TYPE,
-)
-
-
 def payload_attributes(key: str, payload: Payload) -> dict[str, Any]:
     """The span attributes of a payload: text, fingerprint and size, or -- over the size cap or
     with capture off -- fingerprint, size and why the text was left off (plus a preview under
     the cap). Built as one dict so a span takes them in one call (or at start, for inputs)."""
     settings = _settings.settings()
-    text, sha, size, omitted, preview, value, mime = _INPUT_KEYS if key == k.INPUT else _OUTPUT_KEYS
+    text, sha, size, omitted, preview, value, mime = (
+        k.INPUT_KEYS if key == k.INPUT else k.OUTPUT_KEYS
+    )
     if not settings.capture_content:
         return {sha: payload.sha256, size: payload.size, omitted: k.OMITTED_CAPTURE_DISABLED}
     if payload.size > settings.max_span_payload_bytes:
