@@ -29,7 +29,13 @@ from stepfork_otel.cli._common import (
 from stepfork_otel.cli.outcome import same_type_name
 from stepfork_otel.replay.errors import first_difference
 from stepfork_otel.trace.canonical import stored_or_sha256
-from stepfork_otel.trace.models import CallEvent, ErrorEvent, LlmRequest, OutcomeEvent, Trace
+from stepfork_otel.trace.models import (
+    ErrorEvent,
+    LlmRequest,
+    OutcomeEvent,
+    Trace,
+    call_label,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,12 +48,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("a", metavar="A", help="first .sftrace bundle")
     parser.add_argument("b", metavar="B", help="second .sftrace bundle")
     add_common_arguments(parser)
-
-
-def _label(call: CallEvent) -> str:
-    if isinstance(call, LlmRequest):
-        return f"llm {call.provider}/{call.model}"
-    return f"tool {call.name}"
 
 
 @dataclass
@@ -119,8 +119,8 @@ def compare(a: Trace, b: Trace, verbose: bool) -> Difference | None:
     pos_b = {c.id: n for n, c in enumerate(calls_b, 1)}
     for n, (ca, cb) in enumerate(zip(calls_a, calls_b, strict=False), 1):
         where = f"call {n} (A {ca.id}, B {cb.id})"
-        head = [f"A: {ca.id} {_label(ca)}", f"B: {cb.id} {_label(cb)}"]
-        if _label(ca) != _label(cb):
+        head = [f"A: {ca.id} {call_label(ca)}", f"B: {cb.id} {call_label(cb)}"]
+        if call_label(ca) != call_label(cb):
             return Difference(where, "a different call was made", head)
         parent_a = pos_a.get(ca.parent_id or "")
         parent_b = pos_b.get(cb.parent_id or "")
@@ -141,7 +141,7 @@ def compare(a: Trace, b: Trace, verbose: bool) -> Difference | None:
             what = "request (prompt) differs" if isinstance(ca, LlmRequest) else "arguments differ"
             return _payload_difference(
                 where,
-                f"{_label(ca)}: {what}",
+                f"{call_label(ca)}: {what}",
                 (ca.id, ca.input, ia),
                 (cb.id, cb.input, ib),
                 verbose,
@@ -151,7 +151,7 @@ def compare(a: Trace, b: Trace, verbose: bool) -> Difference | None:
         if not same_kind:
             return Difference(
                 where,
-                f"{_label(ca)}: a different outcome",
+                f"{call_label(ca)}: a different outcome",
                 [f"A: {_describe_outcome(oa)}", f"B: {_describe_outcome(ob)}"],
             )
         if not same_payload and oa is not None and ob is not None:
@@ -164,7 +164,7 @@ def compare(a: Trace, b: Trace, verbose: bool) -> Difference | None:
             )
             return _payload_difference(
                 where,
-                f"{_label(ca)}: {what} (same request)",
+                f"{call_label(ca)}: {what} (same request)",
                 (f"{ca.id} outcome", oa.output, stored_or_sha256(oa.output, oa.output_sha256)),
                 (f"{cb.id} outcome", ob.output, stored_or_sha256(ob.output, ob.output_sha256)),
                 verbose,
@@ -179,7 +179,7 @@ def compare(a: Trace, b: Trace, verbose: bool) -> Difference | None:
             f"call {n}",
             f"{side} made {len(extra)} more call(s) than {other}",
             [f"A: {len(calls_a)} calls", f"B: {len(calls_b)} calls"]
-            + [f"{side} only: {c.id} {_label(c)}" for c in extra[:5]]
+            + [f"{side} only: {c.id} {call_label(c)}" for c in extra[:5]]
             + ([f"{side} only: … {len(extra) - 5} more"] if len(extra) > 5 else []),
         )
     if ra.status != rb.status or not same_type_name(ra.error_type or "", rb.error_type or ""):

@@ -56,7 +56,7 @@ from stepfork_otel.replay.errors import (
 from stepfork_otel.replay.plan import RecordedCall
 from stepfork_otel.replay.session import ReplayResult, ReplaySession, parse_mode
 from stepfork_otel.trace.bundle import BundleError
-from stepfork_otel.trace.models import Trace
+from stepfork_otel.trace.models import Trace, call_label
 from stepfork_otel.trace.policy import ReplayMode, ReplayPolicy
 
 
@@ -112,11 +112,7 @@ def prompt_approver(verbose: bool) -> Callable[[RecordedCall], bool]:
 
     def approve(rc: RecordedCall) -> bool:
         event = rc.event
-        label = (
-            f"llm {getattr(event, 'provider', '')}/{getattr(event, 'model', '')}"
-            if rc.kind == "llm"
-            else f"tool {rc.name}"
-        )
+        label = call_label(event)
         outcome = rc.outcome
         out = sys.stderr
         print(

@@ -24,10 +24,10 @@ from stepfork_otel.cli._common import (
 from stepfork_otel.trace.models import (
     CallEvent,
     ErrorEvent,
-    LlmRequest,
     OutcomeEvent,
     ToolCall,
     Trace,
+    call_label,
 )
 from stepfork_otel.trace.policy import ReplayPolicy
 
@@ -89,9 +89,7 @@ def run_lines(trace: Trace, style: Style, verbose: bool) -> list[str]:
 
 
 def _call_head(call: CallEvent, outcome: OutcomeEvent | None, style: Style) -> str:
-    label = (
-        f"llm {call.provider}/{call.model}" if isinstance(call, LlmRequest) else f"tool {call.name}"
-    )
+    label = call_label(call)
     if outcome is None:
         status = style.yellow("no recorded result")
     elif isinstance(outcome, ErrorEvent):

@@ -653,9 +653,7 @@ class ReplaySession:
             ReplayPolicy.MANUAL,
             ReplayPolicy.FORBIDDEN,
         ):
-            label = (
-                f"llm {call.provider}/{call.model}" if call.kind == "llm" else f"tool {call.name}"
-            )
+            label = replayed.label
             why = (
                 "manual mode"
                 if self.mode is ReplayMode.MANUAL

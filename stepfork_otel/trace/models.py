@@ -304,6 +304,13 @@ def _outcome_index(trace: Trace) -> dict[str, OutcomeEvent]:
     return index
 
 
+def call_label(call: CallEvent) -> str:
+    """How a recorded call is named in reports: ``tool <name>`` or ``llm <provider>/<model>``."""
+    return (
+        f"llm {call.provider}/{call.model}" if isinstance(call, LlmRequest) else f"tool {call.name}"
+    )
+
+
 def payload_value(text: str | None) -> Any:
     """The JSON value of a stored payload (None when absent). Integers beyond 64 bits stay
     exact (orjson would read them as floats; the stdlib parser keeps them)."""
