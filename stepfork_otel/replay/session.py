@@ -24,12 +24,10 @@ also kept in :attr:`ReplaySession.errors`, so a divergence the agent swallowed s
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -57,7 +55,12 @@ from stepfork_otel.replay.plan import (
     descendants,
 )
 from stepfork_otel.replay.values import rebuild
-from stepfork_otel.trace.bundle import BundleError, load_any, validate_structure, verify_integrity
+from stepfork_otel.trace.bundle import (
+    gc_paused,
+    load_any,
+    raise_if_inconsistent,
+    verify_integrity,
+)
 from stepfork_otel.trace.canonical import UNSERIALISABLE_MARKER, sha256_hex
 from stepfork_otel.trace.models import ErrorEvent, LlmRequest, ToolCall, Trace, payload_value
 from stepfork_otel.trace.policy import ReplayMode, ReplayPolicy
@@ -225,26 +228,10 @@ def _short(sha: str | None) -> str:
     return f"{sha[:12]}…" if sha else "none"
 
 
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a plan is built: a loaded 100,000-call bundle is
-    millions of objects, and the collections triggered by allocating the plan would each walk
-    them all (measured: building the plan took 5x longer with the collector on)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def _checked_plan(trace: Trace, source: str | None, structure_checked: bool) -> list[RecordedCall]:
     """The plan of a trace that passed every check (structure, then every stored fingerprint)."""
-    structure = [] if structure_checked else validate_structure(trace)
-    if structure:
-        more = f" (and {len(structure) - 1} more)" if len(structure) > 1 else ""
-        raise BundleError(source, f"inconsistent bundle: {structure[0]}{more}")
+    if not structure_checked:
+        raise_if_inconsistent(trace, source)
     problems = verify_integrity(trace)
     if problems:
         raise BundleIntegrityError(source, [str(p) for p in problems])
@@ -294,7 +281,7 @@ class ReplaySession:
         self.trace = trace
         self.source = source
         self.approve = approve
-        with _gc_paused():
+        with gc_paused():
             self._plan = _checked_plan(trace, source, _structure_checked)
         self._cursor = 0
         self._calls: list[ReplayedCall] = []

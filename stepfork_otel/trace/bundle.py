@@ -33,6 +33,7 @@ the JSON parser, and an error message quotes at most a short, one-line excerpt o
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import gzip
@@ -183,17 +184,32 @@ def parse_trace(data: bytes | str, path: str | os.PathLike[str] | None = None) -
     return _parse((raw[i : i + _CHUNK] for i in range(0, len(raw), _CHUNK)), path)
 
 
-def _parse(chunks: Iterable[bytes], path: str | os.PathLike[str] | None) -> Trace:
-    """The cyclic garbage collector is paused meanwhile: a large bundle allocates millions of
-    objects, none of them in cycles, and each collection the allocations trigger would walk them
-    all (measured on a 100,000-call bundle: load + verify 3.6 s -> 2.7 s)."""
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a bundle is read or a replay plan is built: a
+    large bundle is millions of objects, none of them in cycles, and each collection their
+    allocation triggers would walk them all (measured on a 100,000-call bundle: load + verify
+    3.6 s -> 2.7 s; building the plan 5x faster)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _Reader(path).read(chunks)
+        yield
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _parse(chunks: Iterable[bytes], path: str | os.PathLike[str] | None) -> Trace:
+    with gc_paused():
+        return _Reader(path).read(chunks)
+
+
+def raise_if_inconsistent(trace: Trace, path: str | os.PathLike[str] | None) -> None:
+    """A :class:`BundleError` naming the first problem :func:`validate_structure` finds."""
+    problems = validate_structure(trace)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise BundleError(path, f"inconsistent bundle: {problems[0]}{more}")
 
 
 class _Reader:
@@ -599,10 +615,7 @@ def load_trace(source: str | os.PathLike[str]) -> Trace:
     --verify-integrity`` want it, while ``show`` does not."""
     path = Path(source)
     trace = _parse(_file_chunks(path), path)
-    problems = validate_structure(trace)
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise BundleError(path, f"inconsistent bundle: {problems[0]}{more}")
+    raise_if_inconsistent(trace, path)
     return trace
 
 
