@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from stepfork_otel.replay.errors import ReplayError, preview
 from stepfork_otel.replay.session import ReplayedCall
 from stepfork_otel.trace.canonical import UnserialisableError, canonical_json
+from stepfork_otel.trace.redaction import holds_marker
 
 __all__ = [
     "assert_max_steps",
@@ -167,7 +168,7 @@ def assert_tool_arguments(
             continue
         got, wanted = _canonical(arguments[key]), _canonical(want)
         if got != wanted:
-            redacted = " (the recorded value is redacted)" if "[REDACTED" in got else ""
+            redacted = " (the recorded value is redacted)" if holds_marker(got) else ""
             problems.append(f"  {key}: expected {wanted}, got {got}{redacted}")
     if problems:
         raise _fail(

@@ -43,6 +43,7 @@ from stepfork_otel.cli.outcome import recorded_output_sha256
 from stepfork_otel.trace.bundle import bundle_stem
 from stepfork_otel.trace.models import CallEvent, LlmRequest, ToolCall, Trace
 from stepfork_otel.trace.policy import ReplayPolicy
+from stepfork_otel.trace.redaction import holds_marker
 
 #: Recorded outputs longer than this are not written into the test (the fingerprint is).
 MAX_INLINE_OUTPUT = 2000
@@ -258,7 +259,7 @@ def render_test(
 
     constants = [f"BUNDLE = {_bundle_expression(bundle, output)}"]
     if args or kwargs:
-        if run.input is not None and "[REDACTED" in run.input:
+        if run.input is not None and holds_marker(run.input):
             constants.append(
                 "# The recorded input had secrets; they were redacted, and the agent gets the markers."
             )

@@ -58,6 +58,7 @@ from stepfork_otel.replay.session import ReplayResult, ReplaySession, parse_mode
 from stepfork_otel.trace.bundle import BundleError
 from stepfork_otel.trace.models import Trace, call_label
 from stepfork_otel.trace.policy import ReplayMode, ReplayPolicy
+from stepfork_otel.trace.redaction import holds_marker
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -313,7 +314,7 @@ def _policy_hint(trace: Trace, result: ReplayResult, args: argparse.Namespace) -
 def _notes(trace: Trace, spec: str, mode: ReplayMode, interactive: bool) -> list[str]:
     notes: list[str] = []
     run = trace.run
-    if run.input is not None and "[REDACTED" in run.input:
+    if run.input is not None and holds_marker(run.input):
         notes.append(
             "the recorded input contains redacted values; the entrypoint receives the "
             "[REDACTED…] markers, not the original secrets"

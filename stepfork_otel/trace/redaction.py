@@ -63,6 +63,13 @@ from stepfork_otel.trace.canonical import loads as canonical_loads
 
 #: Replacement for a value found under a sensitive key.
 KEY_MARKER = "[REDACTED]"
+
+
+def holds_marker(text: str) -> bool:
+    """Whether ``text`` holds a redaction marker (``[REDACTED]`` or ``[REDACTED:<kind>]``)."""
+    return "[REDACTED" in text
+
+
 #: Longest exception message kept (after redaction), in characters.
 MAX_MESSAGE_CHARS = 2000
 
