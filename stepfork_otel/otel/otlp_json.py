@@ -174,14 +174,14 @@ def _as_str(raw: Any) -> str:
     return raw
 
 
-def _as_int(raw: Any) -> int:
-    # int64 is a decimal string in OTLP JSON; some writers use a JSON number
+def _as_int(raw: Any, what: str = "intValue") -> int:
+    # (u)int64 is a decimal string in OTLP JSON; some writers use a JSON number
     if isinstance(raw, bool) or not isinstance(raw, (int, str)):
-        raise _BadSpan(f"intValue {raw!r} is not an integer")
+        raise _BadSpan(f"{what} {raw!r} is not an integer")
     try:
         return int(raw)
     except ValueError:
-        raise _BadSpan(f"intValue {raw!r} is not an integer") from None
+        raise _BadSpan(f"{what} {raw!r} is not an integer") from None
 
 
 def _as_float(raw: Any) -> float:
@@ -294,14 +294,7 @@ def _get(obj: Mapping[str, Any], camel: str, snake: str) -> Any:
 
 
 def _uint64(raw: Any, what: str) -> int:
-    if raw is None:
-        return 0
-    if isinstance(raw, bool) or not isinstance(raw, (int, str)):
-        raise _BadSpan(f"{what} {raw!r} is not an integer")
-    try:
-        return int(raw)
-    except ValueError:
-        raise _BadSpan(f"{what} {raw!r} is not an integer") from None
+    return 0 if raw is None else _as_int(raw, what)
 
 
 @dataclass(slots=True)
