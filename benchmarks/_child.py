@@ -27,26 +27,10 @@ from typing import Any
 
 import orjson
 
+from benchmarks._proc import reset_peak, status
 from stepfork_otel.replay.session import ReplaySession
 from stepfork_otel.trace.bundle import load_trace, verify_integrity
 from stepfork_otel.trace.models import Trace
-
-
-def _status(field: str) -> int:
-    """A ``/proc/self/status`` memory field, in bytes."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _reset_peak() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
-
 
 _PAYLOAD_PREFIXES = (b'{"input":', b'{"output":')
 
@@ -173,8 +157,8 @@ def main(argv: list[str]) -> None:
     mode, path = argv[0], Path(argv[1])
     use_tracemalloc = len(argv) > 2 and argv[2] == "tracemalloc"
     gc.collect()
-    reset = _reset_peak()
-    baseline = _status("VmRSS") if reset else _status("VmHWM")
+    reset = reset_peak()
+    baseline = status("VmRSS") if reset else status("VmHWM")
     if use_tracemalloc:
         tracemalloc.start()
     result = MODES[mode](path)
@@ -182,7 +166,7 @@ def main(argv: list[str]) -> None:
         result["traced_peak"] = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     result["rss_baseline"] = baseline
-    result["rss_peak_added"] = _status("VmHWM") - baseline
+    result["rss_peak_added"] = status("VmHWM") - baseline
     result["peak_reset"] = reset
     result["ru_maxrss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB
     print(json.dumps(result))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepfork_otel.trace.canonical import canonical_json
+from stepfork_otel.trace.canonical import canonical_json, model_fingerprint, sha256_hex
 
 # --- payloads ---------------------------------------------------------------------------------
 
@@ -421,20 +421,16 @@ def build_bundle(calls: int, size: int) -> Path:
     key = (calls, size)
     if key in _bundles:
         return _bundles[key]
-    import hashlib
 
     from stepfork_otel.trace.models import LlmRequest, LlmResponse, RunInfo, ToolCall, ToolResult
     from stepfork_otel.trace.models import Trace as TraceModel
     from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
 
-    def sha(text: str) -> str:
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
+    sha = sha256_hex
     pool = [DEFAULT_REDACTOR.redact(v) for v in payload_pool(size - 24, 400, seed=7)]
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
     run_span = "00f067aa0ba902b7"
-    model = {"model": "gpt-4.1-mini", "operation": "chat", "provider": "openai"}
-    model_fp = sha(canonical_json(model))
+    model_fp = model_fingerprint("openai", "gpt-4.1-mini", "chat")
     events: list[Any] = []
     t = 1_750_000_000_000_000_000
     for n in range(1, calls + 1):

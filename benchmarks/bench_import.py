@@ -188,22 +188,12 @@ def generate(path: Path, traces: int, seed: int = 1) -> dict[str, Any]:
 # --- the measurement, in a child process ----------------------------------------------------------
 
 
-def _status(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
-
-
 def _child(mode: str, path: Path, out: Path) -> dict[str, Any]:
+    from benchmarks._proc import reset_peak, status
     from stepfork_otel.otel.otlp_json import ImportReport, iter_traces_from_otlp_json
 
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark to now
-        reset = True
-    except OSError:
-        reset = False
-    baseline = _status("VmRSS")
+    reset = reset_peak()
+    baseline = status("VmRSS")
     report = ImportReport()
     t0 = time.perf_counter()
     written = 0
@@ -216,7 +206,7 @@ def _child(mode: str, path: Path, out: Path) -> dict[str, Any]:
         "seconds": seconds,
         "traces": written,
         "problems": len(report.problems),
-        "peak_added": _status("VmHWM") - baseline if reset else None,
+        "peak_added": status("VmHWM") - baseline if reset else None,
         "baseline_rss": baseline,
         "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "max_traces_in_flight": report.max_traces_in_flight,
