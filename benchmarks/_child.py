@@ -29,7 +29,8 @@ import orjson
 
 from benchmarks._proc import reset_peak, status
 from stepfork_otel.replay.session import ReplaySession
-from stepfork_otel.trace.bundle import load_trace, verify_integrity
+from stepfork_otel.trace.bundle import load_trace
+from stepfork_otel.trace.checks import verify_integrity
 from stepfork_otel.trace.models import Trace
 
 _PAYLOAD_PREFIXES = (b'{"input":', b'{"output":')
@@ -82,7 +83,8 @@ def _load_verify(path: Path) -> dict[str, Any]:
 
 def _parse_only(path: Path) -> dict[str, Any]:
     """The parts of a load, one by one (read, parse, structure) -- after the full load."""
-    from stepfork_otel.trace.bundle import parse_trace, validate_structure
+    from stepfork_otel.trace.bundle import parse_trace
+    from stepfork_otel.trace.checks import validate_structure
 
     clock = _GcClock()
     t0 = time.perf_counter()

@@ -345,20 +345,19 @@ class Recorder:
 
     def use(self, *, processors: bool) -> None:
         """Send stepfork's spans to the provider with (or without) the bundle processor."""
-        from stepfork_otel.recording import boundaries, settings
+        from stepfork_otel.config import CONFIG
+        from stepfork_otel.recording.handoff import HANDOFF
 
-        if processors:
-            settings.set_tracer_provider(self.provider)
-            boundaries.side_channel_listeners = self._listeners
-        else:
-            settings.set_tracer_provider(self.bare_provider)
-            # with no bundle processor attached nothing listens on the side channel
-            boundaries.side_channel_listeners = 0
+        CONFIG.use_tracer_provider(self.provider if processors else self.bare_provider)
+        # with no bundle processor attached nothing listens on the hand-off
+        if processors and self._detached:
+            HANDOFF.attach()
+        elif not processors and not self._detached:
+            HANDOFF.detach()
+        self._detached = not processors
 
     def __post_init__(self) -> None:
-        from stepfork_otel.recording import boundaries
-
-        self._listeners = boundaries.side_channel_listeners
+        self._detached = False
 
     def capture_spans(self, work: Callable[[], object]) -> list[Any]:
         """The spans stepfork writes while ``work`` runs, captured on a separate provider with an
@@ -367,12 +366,12 @@ class Recorder:
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-        from stepfork_otel.recording import settings
+        from stepfork_otel.config import CONFIG
 
         exporter = InMemorySpanExporter()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-        settings.set_tracer_provider(provider)
+        CONFIG.use_tracer_provider(provider)
         try:
             work()
         finally:
@@ -388,7 +387,7 @@ def recording() -> Iterator[Recorder]:
     from opentelemetry.sdk.trace import TracerProvider
 
     from stepfork_otel import _internal, configure
-    from stepfork_otel.recording import boundaries, settings
+    from stepfork_otel.otel import setup
 
     previous_raise = _internal.RAISE_INTERNAL_ERRORS
     _internal.RAISE_INTERNAL_ERRORS = True
@@ -398,10 +397,8 @@ def recording() -> Iterator[Recorder]:
     try:
         yield recorder
     finally:
-        boundaries.side_channel_listeners = recorder._listeners
-        processor.shutdown()
-        settings.bundle_processor = None
-        settings.set_tracer_provider(None)
+        recorder.use(processors=True)
+        setup.reset()
         provider.shutdown()
         bare.shutdown()
         _internal.RAISE_INTERNAL_ERRORS = previous_raise

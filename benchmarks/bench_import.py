@@ -190,7 +190,7 @@ def generate(path: Path, traces: int, seed: int = 1) -> dict[str, Any]:
 
 def _child(mode: str, path: Path, out: Path) -> dict[str, Any]:
     from benchmarks._proc import reset_peak, status
-    from stepfork_otel.otel.otlp_json import ImportReport, iter_traces_from_otlp_json
+    from stepfork_otel.trace.otlp import ImportReport, iter_traces_from_otlp_json
 
     reset = reset_peak()
     baseline = status("VmRSS")

@@ -48,10 +48,10 @@ from benchmarks._common import (
 )
 from stepfork_otel import constants as k
 from stepfork_otel import record, trace_tool
-from stepfork_otel.recording import settings
-from stepfork_otel.recording.payload import capture
+from stepfork_otel.config import CONFIG
 from stepfork_otel.trace.canonical import canonical_bytes, canonical_json
 from stepfork_otel.trace.models import ToolCall, Trace
+from stepfork_otel.trace.payload import capture
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR, Redactor
 
 SIZES = (200, 2_000, 20_000)
@@ -153,8 +153,8 @@ class _Workload:
         """The same calls with redaction replaced by nothing: what the rest costs."""
         self.recorder.use(processors=True)
         tool, inputs = self.tool, self.inputs
-        previous = settings.settings()
-        settings.update_settings(redactor=_NoRedaction())
+        previous = CONFIG.settings
+        CONFIG.update(redactor=_NoRedaction())
         try:
             with record(scratch_dir() / f"unredacted-{self.size}.sftrace"):
                 start = time.perf_counter()
@@ -162,7 +162,7 @@ class _Workload:
                     tool(value)
                 return (time.perf_counter() - start) / len(inputs)
         finally:
-            settings.update_settings(redactor=previous.redactor)
+            CONFIG.update(redactor=previous.redactor)
 
     def stepfork_no_processor(self) -> float:
         self.recorder.use(processors=False)

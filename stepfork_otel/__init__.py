@@ -12,18 +12,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from stepfork_otel._version import __version__
 
 if TYPE_CHECKING:
-    from stepfork_otel.otel.otlp_json import (
-        ImportReport,
-        OtlpImportError,
-        iter_traces_from_otlp_json,
-    )
     from stepfork_otel.otel.processor import SftraceSpanProcessor
+    from stepfork_otel.otel.run import RunRecorder, record
     from stepfork_otel.otel.setup import configure
     from stepfork_otel.recording.boundaries import allm_request, llm_request, trace_tool
-    from stepfork_otel.recording.run import RunRecorder, record
     from stepfork_otel.replay.errors import (
         BundleIntegrityError,
         RecordedDependencyError,
@@ -35,8 +30,8 @@ if TYPE_CHECKING:
         ReplaySessionError,
     )
     from stepfork_otel.replay.session import ReplayResult, ReplaySession
-    from stepfork_otel.trace.bundle import BundleError, BundleVersionError
     from stepfork_otel.trace.canonical import UnserialisableError, canonical_json, fingerprint
+    from stepfork_otel.trace.errors import BundleError, BundleVersionError
     from stepfork_otel.trace.models import (
         ErrorEvent,
         LlmRequest,
@@ -46,19 +41,24 @@ if TYPE_CHECKING:
         ToolResult,
         Trace,
     )
+    from stepfork_otel.trace.otlp import (
+        ImportReport,
+        OtlpImportError,
+        iter_traces_from_otlp_json,
+    )
     from stepfork_otel.trace.policy import ReplayMode, ReplayPolicy
     from stepfork_otel.trace.redaction import Redactor, SecretPattern
 
 #: Where each public name lives.
 _EXPORTS: dict[str, str] = {
-    "BundleError": "stepfork_otel.trace.bundle",
+    "BundleError": "stepfork_otel.trace.errors",
     "BundleIntegrityError": "stepfork_otel.replay.errors",
-    "BundleVersionError": "stepfork_otel.trace.bundle",
+    "BundleVersionError": "stepfork_otel.trace.errors",
     "ErrorEvent": "stepfork_otel.trace.models",
-    "ImportReport": "stepfork_otel.otel.otlp_json",
+    "ImportReport": "stepfork_otel.trace.otlp",
     "LlmRequest": "stepfork_otel.trace.models",
     "LlmResponse": "stepfork_otel.trace.models",
-    "OtlpImportError": "stepfork_otel.otel.otlp_json",
+    "OtlpImportError": "stepfork_otel.trace.otlp",
     "RecordedDependencyError": "stepfork_otel.replay.errors",
     "Redactor": "stepfork_otel.trace.redaction",
     "ReplayError": "stepfork_otel.replay.errors",
@@ -72,7 +72,7 @@ _EXPORTS: dict[str, str] = {
     "ReplaySession": "stepfork_otel.replay.session",
     "ReplaySessionError": "stepfork_otel.replay.errors",
     "RunInfo": "stepfork_otel.trace.models",
-    "RunRecorder": "stepfork_otel.recording.run",
+    "RunRecorder": "stepfork_otel.otel.run",
     "SecretPattern": "stepfork_otel.trace.redaction",
     "SftraceSpanProcessor": "stepfork_otel.otel.processor",
     "ToolCall": "stepfork_otel.trace.models",
@@ -83,9 +83,9 @@ _EXPORTS: dict[str, str] = {
     "canonical_json": "stepfork_otel.trace.canonical",
     "configure": "stepfork_otel.otel.setup",
     "fingerprint": "stepfork_otel.trace.canonical",
-    "iter_traces_from_otlp_json": "stepfork_otel.otel.otlp_json",
+    "iter_traces_from_otlp_json": "stepfork_otel.trace.otlp",
     "llm_request": "stepfork_otel.recording.boundaries",
-    "record": "stepfork_otel.recording.run",
+    "record": "stepfork_otel.otel.run",
     "trace_tool": "stepfork_otel.recording.boundaries",
 }
 

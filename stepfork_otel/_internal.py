@@ -1,17 +1,36 @@
 """The one place where a failure of stepfork itself is turned into a log line.
 
-Recording must never break the program it records: every decorator body, every span processor
-callback and every exporter path goes through :func:`handle_internal_errors`. Tests set
-:data:`RAISE_INTERNAL_ERRORS` so that a bug in stepfork fails the test instead of hiding in a log.
+Recording must never break the program it records. Every place where stepfork does its own work
+on the user's behalf -- a boundary preparing or finishing a call, a span processor callback, an
+exporter -- goes through this module, in one of three spellings of the same rule:
+
+* ``with handle_internal_errors("what"):`` around a block;
+* ``@handle_internal_errors("what")`` on a function (sync or ``async``), which then returns None
+  when it failed;
+* ``internal_error("what")`` inside an ``except Exception:`` block, where a ``with`` would cost
+  too much (the boundaries' hot path: a ``try`` is free until it fails, entering a context manager
+  costs ~0.1 us every time).
+
+All three log through :func:`log_internal_error`, count the error, and re-raise instead when
+:data:`RAISE_INTERNAL_ERRORS` is set (tests set it, so a bug in stepfork fails the test instead
+of hiding in a log). ``strict=True`` re-raises in production too: the boundaries pass it inside a
+replay session, where carrying on unrecorded would be a silent live fallback.
+
 Replay errors are *not* internal errors: they are raised on purpose and never pass through here.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
+from collections.abc import Callable
 from types import TracebackType
+from typing import Any, TypeVar
 
 logger = logging.getLogger("stepfork_otel")
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 #: Set to True (tests do) to re-raise internal errors instead of logging them.
 RAISE_INTERNAL_ERRORS = False
@@ -34,18 +53,17 @@ def log_internal_error(
     )
 
 
-def log_or_raise(what: str) -> None:
-    """What :class:`handle_internal_errors` does, as a call for an ``except Exception`` block:
-    log the exception being handled (or re-raise it under :data:`RAISE_INTERNAL_ERRORS`). The
-    boundaries' hot path uses it: a ``try`` costs nothing until it fails, entering a context
-    manager costs ~0.1 us every time."""
-    if RAISE_INTERNAL_ERRORS:
-        raise  # only ever called from an except block: re-raises what it handles
+def internal_error(what: str, *, strict: bool = False) -> None:
+    """Handle the exception being handled as an internal error: log it, or re-raise it under
+    :data:`RAISE_INTERNAL_ERRORS` or ``strict``. Only ever called from an ``except`` block."""
+    if strict or RAISE_INTERNAL_ERRORS:
+        raise  # re-raises the exception being handled
     log_internal_error(what)
 
 
 class handle_internal_errors:
-    """Run a block of stepfork's own work; log (never raise) any ``Exception`` it throws.
+    """Run stepfork's own work; log (never raise) any ``Exception`` it throws. A context manager
+    and a decorator.
 
     A class rather than ``@contextmanager``: it wraps every boundary call several times, and a
     generator-based context manager costs several times more per use."""
@@ -70,3 +88,29 @@ class handle_internal_errors:
             return False
         log_internal_error(self.what, (exc_type, exc, tb))
         return True
+
+    def __call__(self, fn: F) -> F:
+        """Decorate ``fn`` (sync or ``async``): an internal error in it is logged and the call
+        returns None."""
+        what = self.what
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_guarded(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return await fn(*args, **kwargs)
+                except Exception:
+                    internal_error(what)
+                    return None
+
+            return async_guarded  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Exception:
+                internal_error(what)
+                return None
+
+        return guarded  # type: ignore[return-value]

@@ -17,7 +17,7 @@ a fixture and an option, and changes nothing for a test that uses none of them.
   ``stepfork_replay`` marker, or for every test with ``--stepfork`` or the ini option
   ``stepfork = true`` -- an ``llm_request``/``allm_request`` that would run its ``call`` outside
   a replay session fails the test, unless the test is marked ``stepfork_allow_live_llm``. The
-  check is the documented switch ``stepfork_otel.recording.boundaries.live_llm_guard`` (a global,
+  check is the documented switch ``stepfork_otel.recording.boundaries.set_live_llm_guard`` (a global,
   like pydantic-ai's ``ALLOW_MODEL_REQUESTS``, so calls from threads are covered too); it raises
   pytest's ``Failed``, a ``BaseException`` that an agent's ``except Exception`` cannot swallow,
   and the plugin fails the test even if something swallowed it anyway. Calls inside a replay
@@ -101,7 +101,7 @@ def _session_for(item: pytest.Item) -> ReplaySession | None:
         path = item.path.parent / path
     from stepfork_otel.replay.errors import ReplayError
     from stepfork_otel.replay.session import ReplaySession
-    from stepfork_otel.trace.bundle import BundleError
+    from stepfork_otel.trace.errors import BundleError
 
     try:
         session = ReplaySession.from_trace(path, **options)
@@ -220,12 +220,11 @@ def pytest_runtest_protocol(
 
     blocked: list[str] = []
     item.stash[_BLOCKED] = blocked
-    previous = boundaries.live_llm_guard
-    boundaries.live_llm_guard = _guard(blocked)
+    previous = boundaries.set_live_llm_guard(_guard(blocked))
     try:
         return (yield)
     finally:
-        boundaries.live_llm_guard = previous
+        boundaries.set_live_llm_guard(previous)
 
 
 # --- outcome checks used by exported tests ------------------------------------------------------
@@ -265,9 +264,10 @@ def assert_recorded_output(output: Any, recorded_sha256: str, recorded: str | No
     """The replayed return value, redacted and canonicalised as recording does, must have the
     recorded output fingerprint. ``recorded`` (the recorded canonical JSON) is only shown."""
     from stepfork_otel.cli._common import abbreviate, preview
-    from stepfork_otel.recording.payload import capture
+    from stepfork_otel.config import CONFIG
+    from stepfork_otel.trace.payload import capture
 
-    payload = capture(output)
+    payload = capture(output, CONFIG.settings.redactor)
     if payload.sha256 == recorded_sha256:
         return
     pytest.fail(

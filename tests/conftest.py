@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import stepfork_otel._internal as internal
 from stepfork_otel import SftraceSpanProcessor, configure
-from stepfork_otel.recording import settings
+from stepfork_otel.otel import setup
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `examples` is importable as a package, as from the repo root
@@ -38,11 +38,7 @@ def _raise_internal_errors(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(autouse=True)
 def _reset_settings() -> Iterator[None]:
     yield
-    if settings.bundle_processor is not None:
-        settings.bundle_processor.shutdown()
-    settings.bundle_processor = None
-    settings._settings = settings.RecordingSettings()
-    settings.set_tracer_provider(None)
+    setup.reset()
 
 
 @pytest.fixture

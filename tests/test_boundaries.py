@@ -3,6 +3,7 @@ put on spans, what reaches the bundle, and that the user's call behaves exactly 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,11 +32,15 @@ from stepfork_otel import (
     trace_tool,
 )
 from stepfork_otel import constants as k
-from stepfork_otel.otel.conversion import spans_to_trace
 from stepfork_otel.otel.processor import span_record
-from stepfork_otel.recording import boundaries
-from stepfork_otel.trace.bundle import verify_integrity
+from stepfork_otel.recording.handoff import HANDOFF
+from stepfork_otel.trace.checks import verify_integrity
+from stepfork_otel.trace.conversion import spans_to_trace
 from stepfork_otel.trace.models import payload_value
+from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
+
+#: The conversion with the built-in redaction rules (what every test here records with).
+to_trace = functools.partial(spans_to_trace, redactor=DEFAULT_REDACTOR)
 
 SECRET = "sk-proj-Xf3kT9qLmN2pR8sV4wY6zA1bC5dE7gH0jK"
 
@@ -565,7 +570,7 @@ def test_attribute_length_limit_truncates_spans_never_the_bundle(
     assert verify_integrity(local) == []
 
     # the same spans as a collector received them: no side channel
-    exported = spans_to_trace([span_record(s) for s in spans])
+    exported = to_trace([span_record(s) for s in spans])
     result = exported.events[1]
     assert isinstance(result, ToolResult)
     assert (result.output, result.output_missing) == (None, "truncated")
@@ -585,7 +590,7 @@ def test_a_limit_shorter_than_a_fingerprint_marks_the_payload_truncated(tmp_path
         search_flights("Lisbon")
     local = Trace.load(tmp_path / "tiny.sftrace")
     assert local.calls[0].input == '{"city":"Lisbon","max_results":5}'
-    exported = spans_to_trace([span_record(s) for s in exporter.get_finished_spans()])
+    exported = to_trace([span_record(s) for s in exporter.get_finished_spans()])
     call = exported.calls[0]
     assert (call.input, call.input_sha256, call.input_missing) == (None, None, "truncated")
     provider.shutdown()
@@ -728,11 +733,11 @@ def test_a_sampled_out_run_warns_and_writes_nothing(
 
     provider = TracerProvider(sampler=ALWAYS_OFF)
     configure(directory=tmp_path / "traces", tracer_provider=provider)
-    during: list[dict[int, Any]] = []
+    during: list[int] = []
 
     @trace_tool
     def probe(city: str) -> str:
-        during.append(dict(boundaries.side_payloads))  # while its (unsampled) span is open
+        during.append(HANDOFF.pending)  # while its (unsampled) span is open
         return city
 
     with caplog.at_level("WARNING", logger="stepfork_otel"), record(tmp_path / "s.sftrace") as run:
@@ -741,5 +746,5 @@ def test_a_sampled_out_run_warns_and_writes_nothing(
     assert run.path is None
     assert not (tmp_path / "s.sftrace").exists()
     assert "was not sampled" in caplog.text
-    assert during == [{}]  # nothing kept for spans no processor will see, not even for a while
-    assert boundaries.side_payloads == {}
+    assert during == [0]  # nothing kept for spans no processor will see, not even for a while
+    assert HANDOFF.pending == 0

@@ -17,20 +17,10 @@ import pytest
 
 import stepfork_otel.trace.bundle as bundle
 from stepfork_otel.replay.plan import build_plan
-from stepfork_otel.trace.bundle import (
-    BundleError,
-    BundleVersionError,
-    Problem,
-    dump_trace,
-    load_any,
-    load_trace,
-    missing_payloads,
-    parse_trace,
-    save_trace,
-    validate_structure,
-    verify_integrity,
-)
+from stepfork_otel.trace.bundle import dump_trace, load_any, load_trace, parse_trace, save_trace
 from stepfork_otel.trace.canonical import canonical_json
+from stepfork_otel.trace.checks import missing_payloads, validate_structure, verify_integrity
+from stepfork_otel.trace.errors import BundleError, BundleVersionError, Problem
 from stepfork_otel.trace.models import (
     ContextSpan,
     ErrorEvent,

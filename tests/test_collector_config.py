@@ -16,8 +16,8 @@ from otlp_receiver import collector_lines
 
 import examples.booking_agent as booking
 from stepfork_otel import constants as k
-from stepfork_otel.otel.otlp_json import iter_traces_from_otlp_json
 from stepfork_otel.trace.models import Trace
+from stepfork_otel.trace.otlp import iter_traces_from_otlp_json
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "collector-config"
 CONFIGS = ["local.yaml", "gateway.yaml"]

@@ -21,7 +21,7 @@ from stepfork_otel import (
     record,
     trace_tool,
 )
-from stepfork_otel.trace.bundle import validate_structure, verify_integrity
+from stepfork_otel.trace.checks import validate_structure, verify_integrity
 from stepfork_otel.trace.models import payload_value
 
 

@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, Recording
 
 from stepfork_otel import SftraceSpanProcessor, configure
-from stepfork_otel.recording import settings
+from stepfork_otel.config import CONFIG
 
 PRELUDE = """
 import json, logging, sys, warnings
@@ -203,5 +203,5 @@ def test_configure_again_keeps_the_processor_and_applies_options(recording: Reco
     assert again is recording.processor
     assert isinstance(again, SftraceSpanProcessor)
     assert again.max_open_traces == 7
-    assert settings.settings().max_span_payload_bytes == 10
-    assert settings.settings().capture_content is False
+    assert CONFIG.settings.max_span_payload_bytes == 10
+    assert CONFIG.settings.capture_content is False

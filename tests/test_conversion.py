@@ -3,6 +3,7 @@ OTLP importer both produce them)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import random
@@ -13,9 +14,13 @@ import pytest
 
 from stepfork_otel import ErrorEvent, LlmRequest, ToolCall, ToolResult, Trace
 from stepfork_otel import constants as k
-from stepfork_otel.otel.conversion import SpanRecord, spans_to_trace
-from stepfork_otel.recording.payload import Payload
-from stepfork_otel.trace.bundle import validate_structure, verify_integrity
+from stepfork_otel.trace.checks import validate_structure, verify_integrity
+from stepfork_otel.trace.conversion import SpanRecord, spans_to_trace
+from stepfork_otel.trace.payload import Payload
+from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
+
+#: The conversion with the built-in redaction rules (what every test here records with).
+to_trace = functools.partial(spans_to_trace, redactor=DEFAULT_REDACTOR)
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 _ids = itertools.count(1)
@@ -159,12 +164,12 @@ def agent_spans() -> list[SpanRecord]:
 
 def test_shuffled_spans_give_the_same_trace(tmp_path: Path) -> None:
     spans = agent_spans()
-    reference = spans_to_trace(spans)
+    reference = to_trace(spans)
     rng = random.Random(1234)
     for _ in range(25):
         shuffled = spans[:]
         rng.shuffle(shuffled)
-        assert spans_to_trace(shuffled) == reference
+        assert to_trace(shuffled) == reference
     assert_loads(reference, tmp_path)
     assert outline(reference) == [
         ("llm_request", "call-1", None),
@@ -184,7 +189,7 @@ def test_shuffled_spans_give_the_same_trace(tmp_path: Path) -> None:
 
 
 def test_nesting_parent_ids_follow_the_enclosing_call(tmp_path: Path) -> None:
-    trace = spans_to_trace(agent_spans())
+    trace = to_trace(agent_spans())
     by_span = {e.span_id: e for e in trace.calls}
     assert by_span[sid(4)].parent_id == by_span[sid(3)].id  # LLM inside the tool
     assert by_span[sid(7)].parent_id == by_span[sid(6)].id  # ... through a user span
@@ -197,7 +202,7 @@ def test_nesting_parent_ids_follow_the_enclosing_call(tmp_path: Path) -> None:
 
 
 def test_context_spans_keep_names_and_timing_only() -> None:
-    trace = spans_to_trace(agent_spans())
+    trace = to_trace(agent_spans())
     assert [(c.span_id, c.name, c.parent_span_id) for c in trace.context] == [
         (sid(5), "user step 5", sid(1))
     ]
@@ -210,7 +215,7 @@ def test_error_and_skipped_outcomes() -> None:
     run = run_span(1, 0, 100)
     skipped = tool_span(3, run.span_id, 20, 30, status=k.STATUS_SKIPPED)
     spans = [run, tool_span(2, run.span_id, 10, 15, status=k.STATUS_ERROR), skipped]
-    trace = spans_to_trace(spans)
+    trace = to_trace(spans)
     error, rejected = trace.events[1], trace.events[3]
     assert isinstance(error, ErrorEvent)
     assert isinstance(rejected, ErrorEvent)
@@ -229,7 +234,7 @@ def test_missing_outcomes_leave_calls_without_results(tmp_path: Path) -> None:
         tool_span(2, run.span_id, 10, None),  # still open: no outcome
         tool_span(3, run.span_id, 20, 30, status=None),  # ended, but never recorded a status
     ]
-    trace = spans_to_trace(spans)
+    trace = to_trace(spans)
     assert outline(trace) == [("tool_call", "call-1", None), ("tool_call", "call-2", None)]
     assert [trace.outcome_of(c) for c in trace.calls] == [None, None]
     assert trace.complete is False
@@ -239,10 +244,10 @@ def test_missing_outcomes_leave_calls_without_results(tmp_path: Path) -> None:
 
 def test_an_open_call_in_an_ended_run_makes_the_bundle_incomplete() -> None:
     run = run_span(1, 0, 100)
-    trace = spans_to_trace([run, tool_span(2, run.span_id, 10, None)])
+    trace = to_trace([run, tool_span(2, run.span_id, 10, None)])
     assert trace.complete is False
     assert trace.incomplete_reason == "1 call(s) had not ended when the bundle was written"
-    incomplete = spans_to_trace([run], complete=False, incomplete_reason="flushed")
+    incomplete = to_trace([run], complete=False, incomplete_reason="flushed")
     assert (incomplete.complete, incomplete.incomplete_reason) == (False, "flushed")
 
 
@@ -263,27 +268,27 @@ def two_runs() -> list[SpanRecord]:
 
 def test_several_runs_need_a_root() -> None:
     with pytest.raises(ValueError, match=r"2 runs \(span ids 0000000000000002, 0000000000000004\)"):
-        spans_to_trace(two_runs())
+        to_trace(two_runs())
 
 
 def test_a_root_picks_one_runs_subtree(tmp_path: Path) -> None:
-    first = spans_to_trace(two_runs(), root_span_id=sid(2))
-    second = spans_to_trace(two_runs(), root_span_id=sid(4))
+    first = to_trace(two_runs(), root_span_id=sid(2))
+    second = to_trace(two_runs(), root_span_id=sid(4))
     assert (first.run.span_id, first.run.name) == (sid(2), "run2")
     assert [c.input for c in first.calls] == ['{"arg":3}']
     assert [c.input for c in second.calls] == ['{"arg":5}']
     assert first.context == []  # the application's span around the runs is not in either run
-    whole = spans_to_trace(two_runs(), root_span_id=sid(1))  # the local root: everything
+    whole = to_trace(two_runs(), root_span_id=sid(1))  # the local root: everything
     assert [c.input for c in whole.calls] == ['{"arg":3}', '{"arg":5}', '{"arg":6}']
     assert whole.run.span_id == sid(2)  # the first run names the bundle's run info
     assert_loads(first, tmp_path)
     with pytest.raises(ValueError, match="not among the spans"):
-        spans_to_trace(two_runs(), root_span_id=sid(99))
+        to_trace(two_runs(), root_span_id=sid(99))
 
 
 def test_one_run_is_cut_to_its_subtree() -> None:
     spans = [s for s in two_runs() if s.span_id not in (sid(4), sid(5))]
-    trace = spans_to_trace(spans)
+    trace = to_trace(spans)
     assert trace.run.span_id == sid(2)
     assert [c.input for c in trace.calls] == ['{"arg":3}']
 
@@ -292,7 +297,7 @@ def test_a_nested_run_belongs_to_the_outer_run() -> None:
     outer = run_span(1, 0, 100)
     inner = run_span(2, 10, 50, parent=outer.span_id)
     spans = [outer, inner, tool_span(3, inner.span_id, 20, 30), tool_span(4, outer.span_id, 60, 70)]
-    trace = spans_to_trace(spans)
+    trace = to_trace(spans)
     assert trace.run.span_id == sid(1)
     assert [c.span_id for c in trace.calls] == [sid(3), sid(4)]
     assert trace.context == []  # a run span is never a context span
@@ -300,7 +305,7 @@ def test_a_nested_run_belongs_to_the_outer_run() -> None:
 
 def test_no_run_keeps_every_span() -> None:
     root = user_span(1, None, 0, 100)
-    trace = spans_to_trace([root, tool_span(2, root.span_id, 10, 20)])
+    trace = to_trace([root, tool_span(2, root.span_id, 10, 20)])
     assert trace.run.span_id is None
     assert [c.name for c in trace.context] == ["user step 1"]
     assert len(trace.calls) == 1
@@ -308,10 +313,10 @@ def test_no_run_keeps_every_span() -> None:
 
 def test_bad_input_is_refused() -> None:
     with pytest.raises(ValueError, match="no spans"):
-        spans_to_trace([])
+        to_trace([])
     other = SpanRecord("f" * 32, sid(9), None, "x")
     with pytest.raises(ValueError, match="2 traces"):
-        spans_to_trace([run_span(1, 0, 1), other])
+        to_trace([run_span(1, 0, 1), other])
 
 
 # --- clocks that disagree with the structure ----------------------------------------------------
@@ -326,7 +331,7 @@ def test_equal_timestamps_keep_calls_before_their_outcomes(tmp_path: Path) -> No
         llm_span(4, sid(3), 5, 5, seq=3),
         tool_span(5, run.span_id, 5, 5, seq=4),
     ]
-    trace = spans_to_trace(spans)
+    trace = to_trace(spans)
     assert outline(trace) == [
         ("tool_call", "call-1", None),
         ("tool_result", "call-1.result", "call-1"),
@@ -348,7 +353,7 @@ def test_a_child_stamped_before_its_parent_still_comes_after_it(tmp_path: Path) 
         llm_span(3, sid(2), 90, 150, seq=1),  # another machine's clock runs behind
         tool_span(4, run.span_id, 300, 310, seq=2),
     ]
-    trace = spans_to_trace(spans)
+    trace = to_trace(spans)
     assert outline(trace) == [
         ("tool_call", "call-1", None),
         ("llm_request", "call-2", "call-1"),
@@ -368,7 +373,7 @@ def test_concurrent_calls_interleave_by_time(tmp_path: Path) -> None:
         tool_span(3, run.span_id, 20, 50, seq=2),
         tool_span(4, run.span_id, 60, 70, seq=3),
     ]
-    trace = spans_to_trace(spans)
+    trace = to_trace(spans)
     assert outline(trace) == [
         ("tool_call", "call-1", None),
         ("tool_call", "call-2", None),
@@ -387,14 +392,14 @@ def test_equal_start_times_are_ordered_by_call_number() -> None:
         tool_span(9, run.span_id, 10, 20, seq=2, arg=2),
         tool_span(2, run.span_id, 10, 20, seq=1, arg=1),
     ]
-    assert [c.input for c in spans_to_trace(spans).calls] == ['{"arg":1}', '{"arg":2}']
+    assert [c.input for c in to_trace(spans).calls] == ['{"arg":1}', '{"arg":2}']
 
 
 def test_cyclic_parent_links_do_not_break_the_conversion(tmp_path: Path) -> None:
     a = tool_span(1, sid(2), 10, 20)
     b = tool_span(2, sid(1), 15, 18)
     self_parent = tool_span(3, sid(3), 30, 40)
-    trace = spans_to_trace([a, b, self_parent])
+    trace = to_trace([a, b, self_parent])
     assert [c.span_id for c in trace.calls] == [sid(1), sid(2), sid(3)]
     assert_loads(trace, tmp_path)
 
@@ -428,7 +433,7 @@ def test_a_cut_payload_is_missing_never_whole() -> None:
     whole = '{"arg":"' + "x" * 100 + '"}'
     base = tool_span(1, None, 0, 10, result=whole)
     cut = with_attrs(base, OUTPUT=whole[:40])
-    result = spans_to_trace([cut]).events[1]
+    result = to_trace([cut]).events[1]
     assert isinstance(result, ToolResult)
     assert (result.output, result.output_missing, result.output_sha256) == (
         None,
@@ -437,10 +442,10 @@ def test_a_cut_payload_is_missing_never_whole() -> None:
     )
     # the size alone tells, even without a fingerprint
     no_sha = with_attrs(cut, OUTPUT_SHA256=None)
-    assert spans_to_trace([no_sha]).events[1].output_missing == "truncated"  # type: ignore[union-attr]
+    assert to_trace([no_sha]).events[1].output_missing == "truncated"  # type: ignore[union-attr]
     # a fingerprint that is not 64 hex digits was cut too: neither it nor the text is kept
     cut_sha = with_attrs(base, OUTPUT_SHA256=sha(whole)[:20], OUTPUT=whole[:20])
-    event = spans_to_trace([cut_sha]).events[1]
+    event = to_trace([cut_sha]).events[1]
     assert (event.output, event.output_sha256, event.output_missing) == (None, None, "truncated")  # type: ignore[union-attr]
 
 
@@ -452,7 +457,7 @@ def test_legacy_spans_without_fingerprints_keep_their_payload() -> None:
         OUTPUT_SHA256=None,
         OUTPUT_SIZE=None,
     )
-    trace = spans_to_trace([span])
+    trace = to_trace([span])
     assert trace.calls[0].input == '{"arg":1}'
     assert trace.calls[0].input_sha256 is None
     assert trace.events[1].output == '"r1"'  # type: ignore[union-attr]
@@ -463,12 +468,12 @@ def test_payloads_left_off_the_span_say_why() -> None:
     capped = with_attrs(
         tool_span(1, None, 0, 10), INPUT=None, INPUT_OMITTED=k.OMITTED_SIZE_CAP, OUTPUT=None
     )
-    trace = spans_to_trace([capped])
+    trace = to_trace([capped])
     call, result = trace.calls[0], trace.events[1]
     assert (call.input, call.input_sha256, call.input_missing) == (None, sha(text), "size_cap")
     assert result.output_missing == "not_recorded"  # type: ignore[union-attr]
     off = with_attrs(capped, INPUT_OMITTED=k.OMITTED_CAPTURE_DISABLED)
-    assert spans_to_trace([off]).calls[0].input_missing == "capture_disabled"
+    assert to_trace([off]).calls[0].input_missing == "capture_disabled"
 
 
 def test_handed_over_payloads_replace_the_attributes() -> None:
@@ -487,7 +492,7 @@ def test_handed_over_payloads_replace_the_attributes() -> None:
             k.ERROR_MESSAGE: Payload.from_text("the whole message"),
         },
     )
-    trace = spans_to_trace([handed])
+    trace = to_trace([handed])
     assert trace.calls[0].input == whole
     assert trace.calls[0].input_sha256 == sha(whole)
     error = trace.events[1]
@@ -497,8 +502,8 @@ def test_handed_over_payloads_replace_the_attributes() -> None:
 
 def test_tool_fields() -> None:
     span = with_attrs(tool_span(1, None, 0, 10, name="charge"), REPLAY_POLICY="forbidden")
-    call = spans_to_trace([span]).calls[0]
+    call = to_trace([span]).calls[0]
     assert isinstance(call, ToolCall)
     assert (call.name, call.replay_policy.value, call.time_unix_nano) == ("charge", "forbidden", 0)
     bogus = with_attrs(span, REPLAY_POLICY="weird")
-    assert spans_to_trace([bogus]).calls[0].replay_policy.value == "replayable"
+    assert to_trace([bogus]).calls[0].replay_policy.value == "replayable"

@@ -4,6 +4,7 @@ receives, and what the bundle holds."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
@@ -15,10 +16,15 @@ from opentelemetry.trace import SpanKind, StatusCode
 import examples.booking_agent as agent
 from stepfork_otel import ErrorEvent, LlmRequest, LlmResponse, ToolCall, ToolResult, Trace, record
 from stepfork_otel import constants as k
-from stepfork_otel.otel.conversion import spans_to_trace
 from stepfork_otel.otel.processor import span_record
-from stepfork_otel.trace.bundle import dump_trace, verify_integrity
+from stepfork_otel.trace.bundle import dump_trace
+from stepfork_otel.trace.checks import verify_integrity
+from stepfork_otel.trace.conversion import spans_to_trace
 from stepfork_otel.trace.models import payload_value
+from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
+
+#: The conversion with the built-in redaction rules (what every test here records with).
+to_trace = functools.partial(spans_to_trace, redactor=DEFAULT_REDACTOR)
 
 QUESTION = "Book me the cheapest flight to Paris."
 ERROR_TYPE = "examples.booking_agent.SeatUnavailableError"
@@ -154,7 +160,7 @@ def test_bundle(recording: Recording, failure: Path) -> None:
 def test_exported_spans_rebuild_the_same_bundle(recording: Recording, failure: Path) -> None:
     """The one conversion: the exporter's copy of the spans (no side channel) gives the bundle
     byte for byte, since nothing was cut or left off the spans."""
-    rebuilt = spans_to_trace([span_record(s) for s in recording.exporter.get_finished_spans()])
+    rebuilt = to_trace([span_record(s) for s in recording.exporter.get_finished_spans()])
     assert dump_trace(rebuilt) == failure.read_bytes()
 
 

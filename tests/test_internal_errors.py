@@ -23,8 +23,10 @@ from stepfork_otel import (
     record,
     trace_tool,
 )
+from stepfork_otel.otel import run as run_module
 from stepfork_otel.recording import boundaries
-from stepfork_otel.recording import run as run_module
+from stepfork_otel.otel import writer as writer_module
+from stepfork_otel.recording.handoff import HANDOFF, PayloadHandoff
 
 
 class Forced(Exception):
@@ -167,7 +169,7 @@ def test_user_exceptions_pass_through_a_failing_recorder(
 def test_set_payload_attributes(
     recording: Recording, logged: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(boundaries, "payload_attributes", explode)
+    monkeypatch.setattr(boundaries, "span_payload_attributes", explode)
     assert tool(4) == 8
     assert internal_errors(logged) == [
         "stepfork_otel internal error while writing the call input on its span; the program "
@@ -181,13 +183,14 @@ def test_set_payload_attributes(
 def test_side_channel_hand_over(
     recording: Recording, logged: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(boundaries, "_keep_payload", explode)
+    monkeypatch.setattr(PayloadHandoff, "keep", lambda *args: explode())
     assert tool(4) == 8
-    # logged once: without the span's side-channel entry the output is not handed over either
     assert internal_errors(logged) == [
         "stepfork_otel internal error while handing the call input to the bundle processor; "
         "the program continues",
+        "stepfork_otel internal error while recording a call output; the program continues",
     ]
+    assert HANDOFF.pending == 0
     (span,) = recording.exporter.get_finished_spans()
     assert span.name == "execute_tool tool"
 
@@ -217,9 +220,7 @@ def test_record_enter_without_a_processor(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    import stepfork_otel.otel.setup as setup_module
-
-    monkeypatch.setattr(setup_module, "ensure_bundle_processor", explode)
+    monkeypatch.setattr(run_module, "ensure_bundle_processor", explode)
     with record(tmp_path / "r.sftrace") as run:
         assert tool(1) == 2
     assert run.path is None
@@ -302,7 +303,7 @@ def test_processor_force_flush(
     @trace_tool
     def flushing() -> str:
         with monkeypatch.context() as m:
-            m.setattr(processor_module, "save_trace", explode)
+            m.setattr(writer_module, "save_trace", explode)
             flushed.append(recording.processor.force_flush())
         return "flushed"
 
@@ -425,6 +426,6 @@ def test_a_span_started_before_stepfork_failed_is_still_ended(
         tool(1)  # executed (live mode): the span starts, then making it current fails
     (span,) = recording.exporter.get_finished_spans()  # ended, not left open
     assert span.name == "execute_tool tool"
-    assert boundaries.side_payloads == {}
+    assert HANDOFF.pending == 0
     (call,) = session.calls
     assert (call.action, call.status) == ("executed", "error")

@@ -22,9 +22,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from otlp_receiver import OtlpReceiver, running_receiver
 
 from stepfork_otel import ReplaySession, llm_request, record, trace_tool
-from stepfork_otel.otel.otlp_json import ImportReport, iter_traces_from_otlp_json
-from stepfork_otel.trace.bundle import validate_structure
+from stepfork_otel.trace.checks import validate_structure
 from stepfork_otel.trace.models import CallEvent, LlmRequest, ToolCall, Trace
+from stepfork_otel.trace.otlp import ImportReport, iter_traces_from_otlp_json
 
 SERVICE = Path(__file__).resolve().parent / "multiprocess" / "fare_service.py"
 

@@ -21,14 +21,15 @@ from otlp_receiver import collector_lines
 
 import examples.booking_agent as booking
 from stepfork_otel import ReplayMismatchError, ReplaySession, configure, record, trace_tool
-from stepfork_otel.otel.otlp_json import (
+from stepfork_otel.trace.bundle import dump_trace
+from stepfork_otel.trace.checks import missing_payloads
+from stepfork_otel.trace.models import Trace
+from stepfork_otel.trace.otlp import (
     ImportReport,
     OtlpImportError,
     iter_traces_from_otlp_json,
     trace_from_otlp_json,
 )
-from stepfork_otel.trace.bundle import dump_trace, missing_payloads
-from stepfork_otel.trace.models import Trace
 
 QUESTIONS = {
     "failure": "Book me the cheapest flight to Paris.",

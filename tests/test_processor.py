@@ -18,9 +18,10 @@ from orjson import loads as orjson_loads
 
 import stepfork_otel._internal as internal
 from stepfork_otel import ErrorEvent, Trace, configure, llm_request, record, trace_tool
+from stepfork_otel.config import CONFIG
 from stepfork_otel.otel.processor import SftraceSpanProcessor
-from stepfork_otel.recording import boundaries, settings
-from stepfork_otel.trace.bundle import validate_structure, verify_integrity
+from stepfork_otel.recording.handoff import HANDOFF
+from stepfork_otel.trace.checks import validate_structure, verify_integrity
 
 
 @trace_tool
@@ -81,7 +82,7 @@ def test_bundle_is_written_atomically_when_the_run_ends(
     assert path.exists()
     assert [p.name for p in path.parent.iterdir()] == ["run.sftrace"]  # no temporary left over
     assert recording.processor.stats.bundles_written == 1
-    assert boundaries.side_payloads == {}  # every handed-over payload was collected
+    assert HANDOFF.pending == 0  # every handed-over payload was collected
 
 
 def test_configure_directory_writes_traces_without_a_run(
@@ -366,7 +367,7 @@ def test_boundary_calls_outside_any_span_with_nowhere_to_go_are_not_buffered(
         assert seen == []  # never buffered
         assert nested("y") == "Y"  # a call inside it is (a run could start there), then dropped
         assert processor._traces == {}
-        assert boundaries.side_payloads == {}
+        assert HANDOFF.pending == 0
 
         @trace_tool
         def outer() -> str:
@@ -400,7 +401,7 @@ def test_with_a_directory_a_lone_call_keeps_its_payloads_whole(recording: Record
     assert outcome is not None
     assert outcome.output is not None
     assert orjson_loads(outcome.output) == big
-    assert boundaries.side_payloads == {}
+    assert HANDOFF.pending == 0
 
 
 def test_two_bundle_processors_on_one_provider_both_get_whole_payloads(tmp_path: Path) -> None:
@@ -410,8 +411,8 @@ def test_two_bundle_processors_on_one_provider_both_get_whole_payloads(tmp_path:
     second = SftraceSpanProcessor(tmp_path / "b")
     provider.add_span_processor(first)
     provider.add_span_processor(second)
-    settings.set_tracer_provider(provider)
-    settings.update_settings(max_span_payload_bytes=64)  # the payloads are left off the spans
+    CONFIG.use_tracer_provider(provider)
+    CONFIG.update(max_span_payload_bytes=64)  # the payloads are left off the spans
     try:
         tracer = provider.get_tracer("app")
         with tracer.start_as_current_span("request") as root:
@@ -423,9 +424,9 @@ def test_two_bundle_processors_on_one_provider_both_get_whole_payloads(tmp_path:
             assert outcome is not None
             assert outcome.output is not None
             assert orjson_loads(outcome.output) == [f"{'k' * 100}-{i}" for i in range(3)]
-        assert boundaries.side_payloads == {}
+        assert HANDOFF.pending == 0
     finally:
         first.shutdown()
         second.shutdown()
-        settings.set_tracer_provider(None)
+        CONFIG.use_tracer_provider(None)
         provider.shutdown()

@@ -90,7 +90,8 @@ def test_import_is_light() -> None:
 
 def test_record_is_the_function_and_subpackages_import_normally() -> None:
     """`record` is the public function; the recording code lives in `stepfork_otel.recording`,
-    so importing a submodule by its dotted path works in every form."""
+    so importing a submodule by its dotted path works in every form (`record()` itself is in
+    `stepfork_otel.otel.run`: it attaches the SDK processor)."""
     import subprocess
     import sys
 
@@ -101,7 +102,7 @@ def test_record_is_the_function_and_subpackages_import_normally() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == [
-        "stepfork_otel.recording.run",
+        "stepfork_otel.otel.run",
         "True",
         "stepfork_otel.recording.boundaries",
     ]

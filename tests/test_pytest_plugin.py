@@ -22,7 +22,7 @@ import pytest
 
 from examples.booking_agent import run_agent
 from stepfork_otel import ReplayError, ReplaySession, llm_request
-from stepfork_otel.replay.context import current_session
+from stepfork_otel.recording.contract import current_session
 
 QUESTION = "Book me the cheapest flight to Paris."
 

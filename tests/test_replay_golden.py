@@ -20,7 +20,7 @@ from stepfork_otel import (
     Trace,
 )
 from stepfork_otel.replay.errors import BundleIntegrityError, ReplayError
-from stepfork_otel.trace.bundle import BundleError
+from stepfork_otel.trace.errors import BundleError
 
 GOLDEN = Path(__file__).parent / "golden"
 SHA = re.compile(r"\b[0-9a-f]{64}\b")

@@ -11,8 +11,8 @@ from conftest import Recording
 
 from stepfork_otel import ReplayMismatchError, ReplaySession, Trace, record, trace_tool
 from stepfork_otel import constants as k
-from stepfork_otel.recording import payload as payload_module
-from stepfork_otel.recording.settings import update_settings
+from stepfork_otel.config import CONFIG
+from stepfork_otel.trace import payload as payload_module
 from stepfork_otel.trace.redaction import Redactor
 
 SECRET = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
@@ -84,7 +84,7 @@ def test_every_replayed_input_is_redacted_and_one_equal_to_its_recording_not_has
         return real_sha256(data)
 
     monkeypatch.setattr(payload_module, "hashlib", SimpleNamespace(sha256=counting_sha256))
-    update_settings(redactor=CountingRedactor())
+    CONFIG.update(redactor=CountingRedactor())
     seen.clear()
     with ReplaySession.from_trace(path) as replay:
         assert search("paris") == {"query": "paris", "hit": "sirap"}
@@ -165,7 +165,7 @@ def test_an_input_recorded_under_other_rules_is_redacted_under_the_current_ones(
     path = recording.directory / "run.sftrace"
     with record(path):
         search(internal)
-    update_settings(redactor=Redactor().with_rules(patterns=[("acme", r"ACME-INTERNAL-[0-9a-f]+")]))
+    CONFIG.update(redactor=Redactor().with_rules(patterns=[("acme", r"ACME-INTERNAL-[0-9a-f]+")]))
     recording.exporter.clear()
     with pytest.raises(ReplayMismatchError, match="input differs"), ReplaySession.from_trace(path):
         search(internal)

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from test_redaction import SECRETS, Secret
 
 from stepfork_otel import Trace, allm_request, configure, llm_request, record, trace_tool
-from stepfork_otel.trace.bundle import verify_integrity
+from stepfork_otel.trace.checks import verify_integrity
 
 
 def _in_the_wild(secret: Secret) -> str:

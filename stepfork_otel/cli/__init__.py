@@ -20,7 +20,7 @@ from typing import Any, NoReturn, TextIO
 
 from stepfork_otel.cli import diff_cmd, export_cmd, import_cmd, replay_cmd, show_cmd, validate_cmd
 from stepfork_otel.cli._common import EXIT_BAD_INPUT, EXIT_OK, CliError, print_error
-from stepfork_otel.trace.bundle import BundleError
+from stepfork_otel.trace.errors import BundleError
 
 
 def command_modules() -> list[ModuleType]:

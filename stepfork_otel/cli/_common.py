@@ -23,8 +23,9 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 from stepfork_otel.replay.errors import preview as cut
-from stepfork_otel.trace.bundle import BundleError, load_trace
+from stepfork_otel.trace.bundle import load_trace
 from stepfork_otel.trace.canonical import canonical_json
+from stepfork_otel.trace.errors import BundleError
 from stepfork_otel.trace.models import CallEvent, LlmRequest, Trace, payload_value
 
 #: Completed and matched / same / valid.

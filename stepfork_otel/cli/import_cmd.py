@@ -30,9 +30,11 @@ from stepfork_otel.cli._common import (
     add_common_arguments,
     print_error,
 )
-from stepfork_otel.otel.otlp_json import ImportReport, OtlpImportError, iter_traces_from_otlp_json
-from stepfork_otel.trace.bundle import Problem, bundle_file_name, missing_payloads
+from stepfork_otel.trace.bundle import bundle_file_name
+from stepfork_otel.trace.checks import missing_payloads
+from stepfork_otel.trace.errors import Problem
 from stepfork_otel.trace.models import LlmRequest, ToolCall, Trace
+from stepfork_otel.trace.otlp import ImportReport, OtlpImportError, iter_traces_from_otlp_json
 
 #: Problems listed one by one before the rest are only counted.
 _MAX_PROBLEMS_SHOWN = 20

@@ -28,11 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from stepfork_otel.recording.boundaries import exception_message, qualified_name
-from stepfork_otel.recording.payload import capture
+from stepfork_otel.config import CONFIG
 from stepfork_otel.replay.errors import RecordedDependencyError, ReplayError
 from stepfork_otel.trace.canonical import stored_or_sha256
 from stepfork_otel.trace.models import RunInfo
+from stepfork_otel.trace.payload import capture, exception_message, qualified_name
 
 Verdict = Literal["MATCHED", "DIVERGED", "NOT RECORDED", "REPRODUCED FAILURE"]
 
@@ -90,7 +90,7 @@ def recorded_output_sha256(run: RunInfo) -> str | None:
 def describe_exception(exc: BaseException) -> str:
     """``Type: message`` with the message redacted (a live tool's exception may carry secrets)
     and cut to its first line; a replayed dependency failure names the recorded type."""
-    text = exception_message(exc)
+    text = exception_message(exc, CONFIG.settings.redactor)
     first = text.splitlines()[0] if text else ""
     cls = type(exc)
     name = cls.__name__ if cls.__module__.startswith("stepfork_otel.") else qualified_name(cls)
@@ -142,7 +142,7 @@ def compare_outcome(
             f"the recorded run returned; this run raised {describe_exception(raised)}",
             recorded_sha,
         )
-    payload = capture(returned)
+    payload = capture(returned, CONFIG.settings.redactor)
     if recorded_failed:
         return OutcomeComparison(
             "DIVERGED",

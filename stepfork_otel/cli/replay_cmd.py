@@ -55,7 +55,7 @@ from stepfork_otel.replay.errors import (
 )
 from stepfork_otel.replay.plan import RecordedCall
 from stepfork_otel.replay.session import ReplayResult, ReplaySession, parse_mode
-from stepfork_otel.trace.bundle import BundleError
+from stepfork_otel.trace.errors import BundleError
 from stepfork_otel.trace.models import Trace, call_label
 from stepfork_otel.trace.policy import ReplayMode, ReplayPolicy
 from stepfork_otel.trace.redaction import holds_marker

@@ -23,16 +23,9 @@ from stepfork_otel.cli._common import (
     add_common_arguments,
     print_error,
 )
-from stepfork_otel.trace.bundle import (
-    BundleError,
-    BundleVersionError,
-    Problem,
-    missing_payloads,
-    read_trace,
-    schema_problems,
-    validate_structure,
-    verify_integrity,
-)
+from stepfork_otel.trace.bundle import read_trace, schema_problems
+from stepfork_otel.trace.checks import missing_payloads, validate_structure, verify_integrity
+from stepfork_otel.trace.errors import BundleError, BundleVersionError, Problem
 from stepfork_otel.trace.models import Trace
 
 

@@ -34,26 +34,25 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opentelemetry import context as context_api
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors
-from stepfork_otel.otel.conversion import SpanRecord, spans_to_trace, subtree
-from stepfork_otel.recording import boundaries
-from stepfork_otel.recording.payload import Payload
-from stepfork_otel.trace.bundle import bundle_file_name, save_trace
+from stepfork_otel.config import CONFIG, RecordingConfig
+from stepfork_otel.otel.writer import BundleWriter
+from stepfork_otel.recording.handoff import HANDOFF, PayloadHandoff
+from stepfork_otel.trace import grouping
+from stepfork_otel.trace.bundle import bundle_file_name
+from stepfork_otel.trace.conversion import SpanRecord, spans_to_trace
+from stepfork_otel.trace.payload import Payload
 
 logger = logging.getLogger("stepfork_otel")
-
-#: The API's suppression key (set while the processor writes, so nothing it does is traced).
-_SUPPRESS_KEY = getattr(context_api, "_SUPPRESS_INSTRUMENTATION_KEY", "suppress_instrumentation")
 
 
 def _attributes(span: ReadableSpan) -> dict[str, Any]:
@@ -95,7 +94,7 @@ def _local_parent(span: ReadableSpan) -> int | None:
 
 @dataclass(slots=True)
 class _OpenTrace:
-    ended: dict[int, tuple[ReadableSpan, dict[str, Payload]]] = field(default_factory=dict)
+    ended: dict[int, tuple[ReadableSpan, Mapping[str, Payload]]] = field(default_factory=dict)
     open: dict[int, Span] = field(default_factory=dict)
     dropped: int = 0
     claimed: set[Path] = field(default_factory=set)
@@ -105,6 +104,11 @@ class _OpenTrace:
         parents = {span_id: _local_parent(span) for span_id, span in self.open.items()}
         parents.update((span_id, _local_parent(s)) for span_id, (s, _) in self.ended.items())
         return parents
+
+    def kinds(self) -> dict[int, Any]:
+        kinds = {span_id: _kind(span) for span_id, span in self.open.items()}
+        kinds.update((span_id, _kind(s)) for span_id, (s, _) in self.ended.items())
+        return kinds
 
     def size(self) -> int:
         return len(self.open) + len(self.ended)
@@ -131,7 +135,7 @@ class _Job:
 
     trace_id: int
     root_span_id: int | None
-    spans: list[tuple[ReadableSpan, dict[str, Payload]]]
+    spans: list[tuple[ReadableSpan, Mapping[str, Payload]]]
     path: Path
     complete: bool
     reason: str | None
@@ -148,11 +152,15 @@ class SftraceSpanProcessor(SpanProcessor):
         max_open_traces: int = 1000,
         max_spans_per_trace: int = 10_000,
         compress: bool = False,
+        config: RecordingConfig | None = None,
+        handoff: PayloadHandoff | None = None,
     ) -> None:
-        self.directory = Path(directory) if directory is not None else None
+        self.writer = BundleWriter(directory, compress=compress)
         self.max_open_traces = max_open_traces
         self.max_spans_per_trace = max_spans_per_trace
-        self.compress = compress
+        self.config = config or CONFIG
+        """Whose redaction rules the conversion applies (the process's, by default)."""
+        self._handoff = handoff or HANDOFF
         self.stats = ProcessorStats()
         self._lock = threading.Lock()
         self._traces: dict[int, _OpenTrace] = {}
@@ -161,14 +169,21 @@ class SftraceSpanProcessor(SpanProcessor):
         #: (trace id, run span id or None for the trace's own bundle) -> bundle path.
         self._destinations: dict[tuple[int, int | None], Path] = {}
         self._shutdown = False
-        with boundaries._side_lock:
-            boundaries.side_channel_listeners += 1
+        self._handoff.attach()
+
+    @property
+    def directory(self) -> Path | None:
+        """Where bundles of traces without a ``record(path)`` destination go (None: nowhere)."""
+        return self.writer.directory
+
+    @property
+    def compress(self) -> bool:
+        return self.writer.compress
 
     # -- destinations ----------------------------------------------------------------------------
 
     def _default_path(self, trace_id: int, directory: Path | None) -> Path:
-        name = bundle_file_name(f"{trace_id:032x}", compressed=self.compress)
-        return (directory or self.directory or Path("traces")) / name
+        return self.writer.default_path(f"{trace_id:032x}", directory)
 
     def _claim(self, path: Path, trace_id: int, span_id: int | None) -> Path:
         """A default path not yet used by another bundle of the same trace (caller holds lock):
@@ -275,8 +290,8 @@ class SftraceSpanProcessor(SpanProcessor):
             ctx = span.get_span_context()
             if ctx is None:
                 return
-            # read, not taken: another bundle processor may need them too (see end_span)
-            payloads = boundaries.side_payloads.get(ctx.span_id, {})
+            # a copy: another bundle processor may read them too (see PayloadHandoff)
+            payloads = self._handoff.read(ctx.span_id)
             if self._shutdown:
                 return
             kind = _kind(span)
@@ -300,7 +315,7 @@ class SftraceSpanProcessor(SpanProcessor):
         span: ReadableSpan,
         trace_id: int,
         span_id: int,
-        payloads: dict[str, Payload],
+        payloads: Mapping[str, Payload],
         is_run: bool,
         is_local_root: bool,
     ) -> list[_Job]:
@@ -337,13 +352,13 @@ class SftraceSpanProcessor(SpanProcessor):
     # -- what to write (caller holds the lock) ---------------------------------------------------
 
     def _spans_of(
-        self, entry: _OpenTrace, ids: set[int]
-    ) -> list[tuple[ReadableSpan, dict[str, Payload]]]:
+        self, entry: _OpenTrace, ids: Iterable[int]
+    ) -> list[tuple[ReadableSpan, Mapping[str, Payload]]]:
+        ids = set(ids)
         spans = [entry.ended[i] for i in entry.ended if i in ids]
-        with boundaries._side_lock:
-            for span_id, span in entry.open.items():
-                if span_id in ids:  # still open: its payloads stay for when it ends
-                    spans.append((span, dict(boundaries.side_payloads.get(span_id, {}))))
+        for span_id, span in entry.open.items():
+            if span_id in ids:  # still open: its payloads stay kept for when it ends
+                spans.append((span, self._handoff.read(span_id)))
         return spans
 
     def _job(
@@ -351,7 +366,7 @@ class SftraceSpanProcessor(SpanProcessor):
         trace_id: int,
         entry: _OpenTrace,
         root: int | None,
-        ids: set[int],
+        ids: Iterable[int],
         path: Path,
         *,
         final: bool,
@@ -366,25 +381,13 @@ class SftraceSpanProcessor(SpanProcessor):
             reason = None
         return _Job(trace_id, root, spans, path, complete, reason, entry.dropped)
 
-    def _has_run_ancestor(self, entry: _OpenTrace, span_id: int) -> bool:
-        parents = entry.parents()
-        parent, seen = parents.get(span_id), 0
-        while parent is not None and seen <= len(parents):
-            node: ReadableSpan | None = entry.open.get(parent)
-            if node is None and parent in entry.ended:
-                node = entry.ended[parent][0]
-            if node is None:
-                return False
-            if _kind(node) == k.KIND_RUN:
-                return True
-            parent, seen = parents.get(parent), seen + 1
-        return False
-
     def _run_job(self, trace_id: int, entry: _OpenTrace, run_id: int) -> list[_Job]:
         path = self._path_for(trace_id, run_id, final=True)
-        ids = subtree(entry.parents(), run_id)
+        parents = entry.parents()
+        ids = grouping.subtree(parents, run_id)
         jobs = [] if path is None else [self._job(trace_id, entry, run_id, ids, path, final=True)]
-        if not self._has_run_ancestor(entry, run_id):  # a nested run stays for the outer one
+        if grouping.enclosing_run(parents, entry.kinds(), run_id) is None:
+            # a nested run's spans stay for the outer run's bundle
             for span_id in ids:
                 entry.ended.pop(span_id, None)
         return jobs
@@ -395,16 +398,12 @@ class SftraceSpanProcessor(SpanProcessor):
         if not entry.open and len(entry.ended) == 1 and root_id in entry.ended:
             ids = {root_id}  # a lone span (a call made outside any span): nothing to walk
         else:
-            ids = subtree(entry.parents(), root_id)
+            ids = grouping.subtree(entry.parents(), root_id)
         jobs: list[_Job] = []
         # the trace's own bundle goes to a destination set for it, or to the configured directory:
         # with neither (a boundary call outside any run, with no directory) nothing is written
         wanted = write and (self.directory is not None or (trace_id, None) in self._destinations)
-        has_boundary = wanted and (
-            any(_kind(entry.ended[i][0]) in k.BOUNDARY_KINDS for i in ids if i in entry.ended)
-            or any(_kind(entry.open[i]) in k.BOUNDARY_KINDS for i in ids if i in entry.open)
-        )
-        if has_boundary:
+        if wanted and grouping.holds_calls(entry.kinds(), ids):
             path = self._path_for(trace_id, None, final=True)
             if path is not None:
                 jobs.append(self._job(trace_id, entry, root_id, ids, path, final=True))
@@ -420,7 +419,7 @@ class SftraceSpanProcessor(SpanProcessor):
         return jobs
 
     def _refused_job(
-        self, span: ReadableSpan, payloads: dict[str, Payload], is_local_root: bool
+        self, span: ReadableSpan, payloads: Mapping[str, Payload], is_local_root: bool
     ) -> list[_Job]:
         ctx = span.get_span_context()
         assert ctx is not None
@@ -452,25 +451,11 @@ class SftraceSpanProcessor(SpanProcessor):
         return True
 
     def _snapshot_jobs(self, trace_id: int, entry: _OpenTrace) -> list[_Job]:
-        parents = entry.parents()
-        spans: dict[int, ReadableSpan] = dict(entry.open)
-        spans.update((i, s) for i, (s, _) in entry.ended.items())
-        runs = [i for i, s in spans.items() if _kind(s) == k.KIND_RUN]
         jobs: list[_Job] = []
-        covered: set[int] = set()
-        for run_id in runs:
-            if self._has_run_ancestor(entry, run_id):
-                continue
-            ids = subtree(parents, run_id)
-            covered |= ids
-            path = self._path_for(trace_id, run_id, final=False)
+        for group in grouping.groups(entry.parents(), entry.kinds()):
+            path = self._path_for(trace_id, group.run, final=False)
             if path is not None:
-                jobs.append(self._job(trace_id, entry, run_id, ids, path, final=False))
-        rest = set(spans) - covered
-        if any(_kind(spans[i]) in k.BOUNDARY_KINDS for i in rest):
-            path = self._path_for(trace_id, None, final=False)
-            if path is not None:
-                jobs.append(self._job(trace_id, entry, None, rest, path, final=False))
+                jobs.append(self._job(trace_id, entry, group.run, group.members, path, final=False))
         return jobs
 
     def shutdown(self) -> None:
@@ -482,8 +467,7 @@ class SftraceSpanProcessor(SpanProcessor):
             self._traces.clear()
             self._refused.clear()
             self._destinations.clear()
-        with boundaries._side_lock:
-            boundaries.side_channel_listeners -= 1
+        self._handoff.detach()
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -493,7 +477,6 @@ class SftraceSpanProcessor(SpanProcessor):
                 self._write(job)
 
     def _write(self, job: _Job) -> None:
-        token = context_api.attach(context_api.set_value(_SUPPRESS_KEY, True))
         try:
             records = [span_record(span, payloads) for span, payloads in job.spans]
             root = None if job.root_span_id is None else format(job.root_span_id, "016x")
@@ -501,20 +484,19 @@ class SftraceSpanProcessor(SpanProcessor):
                 root = None  # the root itself was dropped at the per-trace cap
             trace = spans_to_trace(
                 records,
+                redactor=self.config.settings.redactor,
                 complete=job.complete,
                 incomplete_reason=job.reason,
                 dropped_spans=job.dropped,
                 root_span_id=root,
             )
-            save_trace(trace, job.path)
+            self.writer.write(trace, job.path)
             with self._lock:
                 self.stats.bundles_written += 1
         except Exception:
             with self._lock:
                 self.stats.write_errors += 1
             raise
-        finally:
-            context_api.detach(token)
 
     def _warn_dropped_trace(self, trace_id: int) -> None:
         if self.stats.dropped_traces in (1, 10, 100) or self.stats.dropped_traces % 1000 == 0:

@@ -24,31 +24,33 @@ from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
+from stepfork_otel.config import CONFIG
 from stepfork_otel.otel.processor import SftraceSpanProcessor
-from stepfork_otel.recording import settings as _settings
 from stepfork_otel.trace.redaction import Redactor
 
 logger = logging.getLogger("stepfork_otel")
 _lock = threading.RLock()
+#: The bundle processor that ``record(...)`` and ``configure()`` use (None until configured).
+_processor: SftraceSpanProcessor | None = None
 
 
 def _attach(provider: trace_api.TracerProvider | None, processor: SftraceSpanProcessor) -> None:
     target = provider if provider is not None else trace_api.get_tracer_provider()
     if isinstance(target, TracerProvider):
         target.add_span_processor(processor)
-        _settings.set_tracer_provider(provider)
+        CONFIG.use_tracer_provider(provider)
         return
     if provider is None and isinstance(target, trace_api.ProxyTracerProvider):
         embedded = TracerProvider(resource=Resource.create({}))
         embedded.add_span_processor(processor)
         trace_api.set_tracer_provider(embedded)
         if trace_api.get_tracer_provider() is embedded:
-            _settings.set_tracer_provider(None)
+            CONFIG.use_tracer_provider(None)
             return
         target = trace_api.get_tracer_provider()  # another thread won the race: use theirs
         if isinstance(target, TracerProvider):
             target.add_span_processor(processor)
-            _settings.set_tracer_provider(None)
+            CONFIG.use_tracer_provider(None)
             return
     logger.warning(
         "stepfork_otel: the tracer provider %s is not an OpenTelemetry SDK TracerProvider; "
@@ -58,7 +60,7 @@ def _attach(provider: trace_api.TracerProvider | None, processor: SftraceSpanPro
     )
     private = TracerProvider(resource=Resource.create({}))
     private.add_span_processor(processor)
-    _settings.set_tracer_provider(private)
+    CONFIG.use_tracer_provider(private)
 
 
 def configure(
@@ -95,9 +97,10 @@ def configure(
     if capture_content is not None:
         changes["capture_content"] = capture_content
     if changes:
-        _settings.update_settings(**changes)
+        CONFIG.update(**changes)
+    global _processor
     with _lock:
-        current = _settings.bundle_processor
+        current = _processor
         if current is not None and directory is None and tracer_provider is None:
             if max_open_traces is not None:
                 current.max_open_traces = max_open_traces
@@ -112,11 +115,28 @@ def configure(
             max_spans_per_trace=10_000 if max_spans_per_trace is None else max_spans_per_trace,
         )
         _attach(tracer_provider, processor)
-        _settings.bundle_processor = processor
+        _processor = processor
         return processor
+
+
+def current_processor() -> SftraceSpanProcessor | None:
+    """The bundle processor ``configure()`` attached (None: not configured yet)."""
+    return _processor
 
 
 def ensure_bundle_processor() -> SftraceSpanProcessor:
     """The configured bundle processor, configuring the defaults first if needed."""
-    processor = _settings.bundle_processor
+    processor = _processor
     return processor if processor is not None else configure()
+
+
+def reset() -> None:
+    """Undo ``configure()``: shut the bundle processor down (it stays on its provider as a
+    no-op) and go back to the default recording settings and the global tracer provider. For
+    tests, and for a program that wants to start over."""
+    global _processor
+    with _lock:
+        processor, _processor = _processor, None
+        if processor is not None:
+            processor.shutdown()
+        CONFIG.reset()

@@ -8,8 +8,8 @@ all passed when it starts -- and the body runs in it (or does not). Whatever hap
 the span, so a replay run is traced like any other run.
 
 Two error regimes meet here. A failure of stepfork's own recording work (an attribute that cannot
-be set, a value that cannot be encoded) is logged (``log_or_raise`` / ``handle_internal_errors``)
-and the user's call proceeds -- except inside a replay session, where running the call unmatched
+be set, a value that cannot be encoded) is logged (``stepfork_otel._internal``) and the
+user's call proceeds -- except inside a replay session, where running the call unmatched
 would be a silent live fallback, so it is raised. A replay error (mismatch, policy) is raised on
 purpose, before the body runs. The user's own exceptions are recorded -- type and *redacted*
 message only, because OTel's ``record_exception`` would copy the raw message, secrets included --
@@ -23,185 +23,41 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import itertools
-import threading
-import time
 import typing
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, overload
 
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanKind
 
-from stepfork_otel import _internal
 from stepfork_otel import constants as k
-from stepfork_otel._internal import handle_internal_errors, log_internal_error, log_or_raise
-from stepfork_otel.recording import settings as _settings
-from stepfork_otel.recording.payload import Payload, capture
-from stepfork_otel.replay.context import BoundaryCall, ReplayDecision, current_session
+from stepfork_otel._internal import handle_internal_errors, internal_error, log_internal_error
+from stepfork_otel.config import CONFIG
+from stepfork_otel.recording.arguments import bind_arguments, simple_binder
+from stepfork_otel.recording.contract import (
+    BoundaryCall,
+    ReplayDecision,
+    Replayer,
+    current_session,
+)
+from stepfork_otel.recording.handoff import HANDOFF
+from stepfork_otel.recording.spans import (
+    call_start_time,
+    end_span,
+    first_call_of_trace,
+    next_call_number,
+    record_failure,
+    span_payload_attributes,
+    usage_attributes,
+)
 from stepfork_otel.trace.canonical import model_fingerprint
+from stepfork_otel.trace.payload import Payload, capture
 from stepfork_otel.trace.policy import ReplayPolicy
-
-if TYPE_CHECKING:
-    from stepfork_otel.replay.session import ReplaySession
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-# --- call numbering ------------------------------------------------------------------------------
-# Each boundary span carries the number of the call within its trace, taken together with its
-# start time under one lock, so "the order in which calls started" is the same whether it is read
-# from timestamps or numbers, across threads and tasks, and survives batches arriving out of order.
-# Start times come from a clock that never repeats or goes back within the process (the wall clock,
-# nudged forward by a nanosecond when it did not advance), so two calls never tie.
-
-_seq_lock = threading.Lock()
-_seq_by_trace: OrderedDict[int, itertools.count[int]] = OrderedDict()
-_MAX_TRACKED_TRACES = 4096
-_last_start = 0
-
-
-def _tick() -> int:
-    global _last_start
-    now = time.time_ns()
-    if now <= _last_start:
-        now = _last_start + 1
-    _last_start = now
-    return now
-
-
-def call_start_time() -> int:
-    """A start time (ns) later than every start time handed out before in this process."""
-    with _seq_lock:
-        return _tick()
-
-
-def next_call_number(trace_id: int) -> tuple[int, int]:
-    """(sequence number, start time in ns) for a new call in the existing trace ``trace_id``."""
-    with _seq_lock:
-        counter = _seq_by_trace.get(trace_id)
-        if counter is None:
-            counter = _seq_by_trace[trace_id] = itertools.count(1)
-            if len(_seq_by_trace) > _MAX_TRACKED_TRACES:
-                _seq_by_trace.popitem(last=False)
-        else:
-            _seq_by_trace.move_to_end(trace_id)
-        return next(counter), _tick()
-
-
-def _first_call_of_trace(trace_id: int) -> None:
-    """A boundary span that opened a new trace took number 1: continue from 2."""
-    with _seq_lock:
-        _seq_by_trace[trace_id] = itertools.count(2)
-        if len(_seq_by_trace) > _MAX_TRACKED_TRACES:
-            _seq_by_trace.popitem(last=False)
-
-
-# --- side channel for the local bundle processor -------------------------------------------------
-# Payloads above the span size cap (or with capture off) are not on the span, but the local bundle
-# must keep them whole. The boundary hands them to the in-process processor through this table,
-# keyed by span id; the entry is dropped when the span has ended (``end_span``). Nothing is stored
-# when no bundle processor is attached, so nothing can pile up.
-
-_side_lock = threading.Lock()
-side_payloads: dict[int, dict[str, Payload]] = {}
-#: Incremented by each attached SftraceSpanProcessor (payloads are only kept while one listens).
-side_channel_listeners = 0
-
-
-def _keep_payload(span: Span, key: str, payload: Payload) -> dict[str, Payload] | None:
-    """Hand ``payload`` to the bundle processor; returns the span's entry (None: nobody listens).
-    The boundary adds the output to that entry itself, without the lock: processors read the
-    entry when the span ends (after that), a flush copies it in one step, and ``end_span``
-    drops it."""
-    # A span a sampler dropped never reaches a processor: keeping its payload would leak it.
-    if side_channel_listeners and span.is_recording():
-        span_id = span.get_span_context().span_id
-        with _side_lock:
-            kept = side_payloads.setdefault(span_id, {})
-        kept[key] = payload
-        return kept
-    return None
-
-
-def end_span(span: Span) -> None:
-    """End a span that stepfork opened, then drop its side-channel entry: by then every processor
-    has read it (the SDK calls ``on_end`` before ``end`` returns), so two bundle processors on
-    one provider both get the payloads."""
-    try:
-        span.end()
-    finally:
-        if side_payloads:
-            side_payloads.pop(span.get_span_context().span_id, None)
-
-
-def payload_attributes(key: str, payload: Payload) -> dict[str, Any]:
-    """The span attributes of a payload: text, fingerprint and size, or -- over the size cap or
-    with capture off -- fingerprint, size and why the text was left off (plus a preview under
-    the cap). Built as one dict so a span takes them in one call (or at start, for inputs)."""
-    settings = _settings.settings()
-    text, sha, size, omitted, preview, value, mime = (
-        k.INPUT_KEYS if key == k.INPUT else k.OUTPUT_KEYS
-    )
-    if not settings.capture_content:
-        return {sha: payload.sha256, size: payload.size, omitted: k.OMITTED_CAPTURE_DISABLED}
-    if payload.size > settings.max_span_payload_bytes:
-        return {
-            sha: payload.sha256,
-            size: payload.size,
-            omitted: k.OMITTED_SIZE_CAP,
-            preview: payload.text[: k.PREVIEW_CHARS],
-        }
-    return {
-        sha: payload.sha256,
-        size: payload.size,
-        text: payload.text,
-        value: payload.text,
-        mime: k.MIME_JSON,
-    }
-
-
-def set_payload_attributes(span: Span, key: str, payload: Payload) -> None:
-    """Write a payload on a span (see :func:`payload_attributes`) and hand it, whole, to the
-    local bundle processor."""
-    span.set_attributes(payload_attributes(key, payload))
-    _keep_payload(span, key, payload)
-
-
-def record_failure(span: Span, exc: BaseException) -> None:
-    """Mark a span failed with the exception's type and *redacted* message (never the raw one).
-
-    The sanitised ``exception`` event replaces OTel's ``record_exception``, which would copy the
-    raw message (secrets included) and the traceback onto the span."""
-    error_type = qualified_name(type(exc))
-    message = exception_message(exc)
-    _keep_payload(span, k.ERROR_MESSAGE, Payload.from_text(message))  # whole, past length limits
-    span.set_attribute(k.STATUS, k.STATUS_ERROR)
-    span.set_attribute(k.ERROR_TYPE, error_type)
-    span.set_attribute(k.ERROR_MESSAGE, message)
-    span.add_event(k.EXCEPTION_EVENT, {k.EXCEPTION_TYPE: error_type, k.EXCEPTION_MESSAGE: message})
-    span.set_status(Status(StatusCode.ERROR, f"{error_type}: {message}"))
-
-
-def exception_message(exc: BaseException) -> str:
-    """The message of ``exc`` as stepfork keeps it anywhere: redacted and bounded. A broken
-    ``__str__`` gives a placeholder: it must not hide the exception being recorded."""
-    try:
-        message = str(exc)
-    except Exception:
-        message = f"<unprintable {type(exc).__name__}>"
-    return _settings.settings().redactor.redact_message(message)
-
-
-def qualified_name(cls: type) -> str:
-    module = cls.__module__
-    return (
-        cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
-    )
-
 
 # --- the one interception point ------------------------------------------------------------------
 
@@ -212,17 +68,15 @@ class _Prepared:
     span_name: str
     span_kind: SpanKind
     attributes: dict[str, Any]
-    session: ReplaySession | None
+    session: Replayer | None
     """The replay session the call is made in (None: recording)."""
-    kept: dict[str, Payload] | None = None
-    """The span's entry in the side channel, once the input was handed over."""
 
 
-def _captured_input(value: Any) -> tuple[Payload, ReplaySession | None]:
+def _captured_input(value: Any) -> tuple[Payload, Replayer | None]:
     """The call's input as recorded, and the replay session the call is made in (if any)."""
     session = current_session.get()
     recorded = None if session is None else session.expected_input()
-    return capture(value, recorded=recorded), session
+    return capture(value, CONFIG.settings.redactor, recorded), session
 
 
 def _prepare_tool(
@@ -268,12 +122,11 @@ def _prepare_llm(
     return _Prepared(call, f"{operation} {model}", SpanKind.CLIENT, attributes, session)
 
 
-def _fail_or_log(what: str) -> None:
+def _in_replay() -> bool:
     """Inside a replay session a call that cannot be recorded cannot be matched either; running
-    it live instead would be exactly the silent fallback replay promises never to make."""
-    if _internal.RAISE_INTERNAL_ERRORS or current_session.get() is not None:
-        raise  # always called from an except block
-    log_internal_error(what)
+    it live instead would be exactly the silent fallback replay promises never to make, so
+    stepfork's own failures are raised there (``internal_error(..., strict=True)``)."""
+    return current_session.get() is not None
 
 
 def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object | None] | None:
@@ -290,10 +143,10 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
             seq, start = 1, call_start_time()
         prepared.attributes[k.CALL_SEQ] = seq
         try:
-            prepared.attributes.update(payload_attributes(k.INPUT, prepared.call.input))
+            prepared.attributes.update(span_payload_attributes(k.INPUT, prepared.call.input))
         except Exception:
-            log_or_raise("writing the call input on its span")
-        span = _settings.tracer().start_span(
+            internal_error("writing the call input on its span")
+        span = CONFIG.tracer().start_span(
             prepared.span_name,
             kind=prepared.span_kind,
             attributes=prepared.attributes,
@@ -303,18 +156,18 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
         )
         if body:
             if not parent.is_valid:
-                _first_call_of_trace(span.get_span_context().trace_id)
+                first_call_of_trace(span.get_span_context().trace_id)
             token = context_api.attach(trace_api.set_span_in_context(span))
     except Exception:
         if span is not None:  # started, then something failed: end it, nothing runs in it
             with contextlib.suppress(Exception):  # (logged there; the first failure is raised)
                 _close_span(span, token)
-        _fail_or_log("opening a boundary span")
+        internal_error("opening a boundary span", strict=_in_replay())
         return None
     try:
-        prepared.kept = _keep_payload(span, k.INPUT, prepared.call.input)
+        HANDOFF.keep(span, k.INPUT, prepared.call.input)
     except Exception:
-        log_or_raise("handing the call input to the bundle processor")
+        internal_error("handing the call input to the bundle processor")
     return span, token
 
 
@@ -324,7 +177,7 @@ def _close_span(span: Span, token: object | None) -> None:
             context_api.detach(token)  # type: ignore[arg-type]
         end_span(span)
     except Exception:
-        log_or_raise("ending a boundary span")
+        internal_error("ending a boundary span")
 
 
 def _decide(prepared: _Prepared) -> ReplayDecision | None:
@@ -344,12 +197,12 @@ def _decide(prepared: _Prepared) -> ReplayDecision | None:
         _record_refusal(prepared, exc)
         raise
     attributes[k.REPLAY_ACTION] = decision.action
-    if decision.action == k.ACTION_SUBSTITUTED:
+    if decision.substituted:
         if decision.output is not None:
             try:
-                attributes.update(payload_attributes(k.OUTPUT, decision.output))
+                attributes.update(span_payload_attributes(k.OUTPUT, decision.output))
             except Exception:
-                log_or_raise("writing a substituted output on its span")
+                internal_error("writing a substituted output on its span")
         if decision.error is None:
             attributes[k.STATUS] = k.STATUS_OK
     return decision
@@ -378,22 +231,20 @@ def _open_decided(
     prepared: _Prepared, decision: ReplayDecision | None
 ) -> tuple[Span, object | None] | None:
     """:func:`_open_span` after the decision. Inside a session a span that cannot be opened is
-    raised (``_fail_or_log``): the session has already consumed the call, so it is told that the
-    call failed -- its result was not delivered, its body did not run -- and reports it."""
+    raised: the session has already consumed the call, so it is told that the call failed --
+    its result was not delivered, its body did not run -- and reports it."""
     try:
-        return _open_span(
-            prepared, body=decision is None or decision.action != k.ACTION_SUBSTITUTED
-        )
+        return _open_span(prepared, body=decision is None or not decision.substituted)
     except BaseException as exc:
-        if decision is not None and prepared.session is not None:
-            prepared.session.abandon_call(decision, exc)
+        if decision is not None:
+            decision.abandon(exc)
         raise
 
 
-def _substituted(span: Span, prepared: _Prepared, decision: ReplayDecision) -> Any:
+def _substituted(span: Span, decision: ReplayDecision) -> Any:
     """The recorded result of a substituted call (its attributes went on the span at start)."""
-    if decision.output is not None and prepared.kept is not None:
-        prepared.kept[k.OUTPUT] = decision.output
+    if decision.output is not None:
+        HANDOFF.keep(span, k.OUTPUT, decision.output)
     if decision.error is not None:
         record_failure(span, decision.error)
         raise decision.error
@@ -405,27 +256,24 @@ def _finish_ok(
 ) -> None:
     payload: Payload | None = None
     try:
-        payload = capture(result)
-        attributes = payload_attributes(k.OUTPUT, payload)
+        payload = capture(result, CONFIG.settings.redactor)
+        attributes = span_payload_attributes(k.OUTPUT, payload)
         attributes[k.STATUS] = k.STATUS_OK
         if prepared.call.kind == "llm":
-            attributes.update(_usage_attributes(result))
+            attributes.update(usage_attributes(result))
         span.set_attributes(attributes)
-        if prepared.kept is not None:
-            prepared.kept[k.OUTPUT] = payload
+        HANDOFF.keep(span, k.OUTPUT, payload)
     except Exception:
-        log_or_raise("recording a call output")
-    if decision is not None and prepared.session is not None:
-        prepared.session.end_call(decision, payload, None)
+        internal_error("recording a call output")
+    if decision is not None:
+        decision.end(payload, None)
 
 
-def _finish_error(
-    span: Span, prepared: _Prepared, exc: BaseException, decision: ReplayDecision | None
-) -> None:
+def _finish_error(span: Span, exc: BaseException, decision: ReplayDecision | None) -> None:
     with handle_internal_errors("recording a call failure"):
         record_failure(span, exc)
-    if decision is not None and prepared.session is not None:
-        prepared.session.end_call(decision, None, exc)
+    if decision is not None:
+        decision.end(None, exc)
 
 
 def _run_sync(prepared: _Prepared | None, body: Callable[[], R]) -> R:
@@ -437,12 +285,12 @@ def _run_sync(prepared: _Prepared | None, body: Callable[[], R]) -> R:
         return body()  # stepfork could not record this call (logged): the call still runs
     span, token = opened
     try:
-        if decision is not None and decision.action == k.ACTION_SUBSTITUTED:
-            return typing.cast(R, _substituted(span, prepared, decision))
+        if decision is not None and decision.substituted:
+            return typing.cast(R, _substituted(span, decision))
         try:
             result = body()
         except BaseException as exc:
-            _finish_error(span, prepared, exc, decision)
+            _finish_error(span, exc, decision)
             raise
         _finish_ok(span, prepared, result, decision)
         return result
@@ -459,12 +307,12 @@ async def _run_async(prepared: _Prepared | None, body: Callable[[], Awaitable[R]
         return await body()
     span, token = opened
     try:
-        if decision is not None and decision.action == k.ACTION_SUBSTITUTED:
-            return typing.cast(R, _substituted(span, prepared, decision))
+        if decision is not None and decision.substituted:
+            return typing.cast(R, _substituted(span, decision))
         try:
             result = await body()
         except BaseException as exc:
-            _finish_error(span, prepared, exc, decision)
+            _finish_error(span, exc, decision)
             raise
         _finish_ok(span, prepared, result, decision)
         return result
@@ -472,83 +320,7 @@ async def _run_async(prepared: _Prepared | None, body: Callable[[], Awaitable[R]
         _close_span(span, token)
 
 
-def _field(value: Any, name: str) -> Any:
-    return value.get(name) if isinstance(value, dict) else getattr(value, name, None)
-
-
-def _usage_attributes(response: Any) -> dict[str, Any]:
-    """``gen_ai.response.model`` and ``gen_ai.usage.*`` from a dict or object response (OpenAI
-    ``prompt_tokens``/``completion_tokens`` or Anthropic ``input_tokens``/``output_tokens``)."""
-    attributes: dict[str, Any] = {}
-    model = _field(response, "model")
-    if isinstance(model, str):
-        attributes[k.GEN_AI_RESPONSE_MODEL] = model
-    usage = _field(response, "usage")
-    if usage is None:
-        return attributes
-    for attribute, names in (
-        (k.GEN_AI_USAGE_INPUT_TOKENS, ("input_tokens", "prompt_tokens")),
-        (k.GEN_AI_USAGE_OUTPUT_TOKENS, ("output_tokens", "completion_tokens")),
-    ):
-        for name in names:
-            value = _field(usage, name)
-            if isinstance(value, int) and not isinstance(value, bool):
-                attributes[attribute] = value
-                break
-    return attributes
-
-
 # --- public API ----------------------------------------------------------------------------------
-
-
-def _tool_arguments(
-    signature: inspect.Signature, skip_first: bool, args: Any, kwargs: Any
-) -> dict[str, Any]:
-    bound = signature.bind(*args, **kwargs)
-    bound.apply_defaults()
-    arguments = dict(bound.arguments)
-    if skip_first:
-        arguments.pop(next(iter(signature.parameters)), None)
-    return arguments
-
-
-def _simple_binder(
-    signature: inspect.Signature, skip_first: bool
-) -> Callable[[Any, Any], dict[str, Any] | None] | None:
-    """For a signature of plain parameters (positional-or-keyword, no ``*args``/``**kwargs``),
-    a function giving exactly what ``bind`` + ``apply_defaults`` give -- the arguments in
-    parameter order, defaults filled in -- or None when the call is not a plain one (a missing
-    or unknown argument, one given twice, too many): ``_tool_arguments`` then binds it, and
-    raises the same ``TypeError`` as before. None for other signatures."""
-    params = list(signature.parameters.values())
-    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
-        return None
-    names = tuple(p.name for p in params)
-    defaults = tuple(p.default for p in params)
-    empty = inspect.Parameter.empty
-    first = names[0] if skip_first and names else None
-
-    def bind(args: Any, kwargs: Any) -> dict[str, Any] | None:
-        given = len(args)
-        if given > len(names):
-            return None
-        arguments = dict(zip(names, args, strict=False))
-        used = 0
-        for name, default in zip(names[given:], defaults[given:], strict=True):
-            if name in kwargs:
-                arguments[name] = kwargs[name]
-                used += 1
-            elif default is empty:
-                return None
-            else:
-                arguments[name] = default
-        if used != len(kwargs):
-            return None
-        if first is not None:
-            del arguments[first]
-        return arguments
-
-    return bind
 
 
 def _return_type(fn: Callable[..., Any]) -> Any:
@@ -598,19 +370,19 @@ def trace_tool(
                 resolved.append(_return_type(func))
             return resolved[0]
 
-        simple_bind = _simple_binder(signature, skip_first)
+        simple_bind = simple_binder(signature, skip_first)
 
         def prepare(args: Any, kwargs: Any) -> _Prepared | None:
             arguments = None if simple_bind is None else simple_bind(args, kwargs)
             if arguments is None:
                 try:
-                    arguments = _tool_arguments(signature, skip_first, args, kwargs)
+                    arguments = bind_arguments(signature, skip_first, args, kwargs)
                 except TypeError:
                     return None  # the call itself is wrong: let the function raise its TypeError
             try:
                 return _prepare_tool(tool_name, policy, arguments, output_type())
             except Exception:
-                _fail_or_log("preparing a boundary call")
+                internal_error("preparing a boundary call", strict=_in_replay())
                 return None
 
         if inspect.iscoroutinefunction(func):
@@ -632,10 +404,17 @@ def trace_tool(
     return decorate
 
 
-#: Test switch (set by the pytest plugin, ``stepfork_otel.pytest_plugin``): when not None, it is
-#: called with ``(provider, model)`` before an LLM call would run live outside a replay session,
-#: and raises to refuse it. None (the default) changes nothing.
-live_llm_guard: Callable[[str, str], None] | None = None
+LiveLlmGuard = Callable[[str, str], None]
+_live_llm_guard: LiveLlmGuard | None = None
+
+
+def set_live_llm_guard(guard: LiveLlmGuard | None) -> LiveLlmGuard | None:
+    """Install the test switch the pytest plugin uses (returns the previous one): when not None,
+    ``guard(provider, model)`` is called before an LLM call would run live outside a replay
+    session, and raises to refuse it. None (the default) changes nothing."""
+    global _live_llm_guard
+    previous, _live_llm_guard = _live_llm_guard, guard
+    return previous
 
 
 def _prepare_llm_call(
@@ -649,12 +428,13 @@ def _prepare_llm_call(
     """What ``llm_request`` and ``allm_request`` share before the call: the policy (a bad one is
     the caller's error), the pytest plugin's live-call guard, and the recorded input."""
     policy = ReplayPolicy.parse(replay_policy)
-    if live_llm_guard is not None and current_session.get() is None:
-        live_llm_guard(provider, model)
+    guard = _live_llm_guard
+    if guard is not None and current_session.get() is None:
+        guard(provider, model)
     try:
         return _prepare_llm(provider, model, operation, request, policy, response_type)
     except Exception:
-        _fail_or_log("preparing a boundary call")
+        internal_error("preparing a boundary call", strict=_in_replay())
         return None
 
 

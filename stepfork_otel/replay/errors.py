@@ -32,7 +32,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from stepfork_otel.trace.bundle import BundleError
+from stepfork_otel.trace.errors import BundleError
 
 #: Characters of a redacted input preview shown in messages.
 PREVIEW_CHARS = 160

@@ -33,10 +33,13 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
 
-from stepfork_otel.recording import settings as _settings
-from stepfork_otel.recording.boundaries import exception_message
-from stepfork_otel.recording.payload import Payload
-from stepfork_otel.replay.context import BoundaryCall, ReplayDecision, current_session
+from stepfork_otel.config import CONFIG
+from stepfork_otel.recording.contract import (
+    BoundaryCall,
+    ReplayDecision,
+    Replayer,
+    current_session,
+)
 from stepfork_otel.replay.errors import (
     BundleIntegrityError,
     CallDescription,
@@ -55,14 +58,11 @@ from stepfork_otel.replay.plan import (
     descendants,
 )
 from stepfork_otel.replay.values import rebuild
-from stepfork_otel.trace.bundle import (
-    gc_paused,
-    load_any,
-    raise_if_inconsistent,
-    verify_integrity,
-)
+from stepfork_otel.trace.bundle import gc_paused, load_any
 from stepfork_otel.trace.canonical import UNSERIALISABLE_MARKER, sha256_hex
+from stepfork_otel.trace.checks import raise_if_inconsistent, verify_integrity
 from stepfork_otel.trace.models import ErrorEvent, LlmRequest, ToolCall, Trace, payload_value
+from stepfork_otel.trace.payload import Payload, exception_message
 from stepfork_otel.trace.policy import ReplayMode, ReplayPolicy
 
 __all__ = [
@@ -170,7 +170,7 @@ class ReplayResult:
 
 def _described(error: BaseException) -> str:
     """``Type: redacted message`` of an exception raised during replay."""
-    return f"{type(error).__name__}: {exception_message(error)}"
+    return f"{type(error).__name__}: {exception_message(error, CONFIG.settings.redactor)}"
 
 
 def parse_mode(mode: ReplayMode | str) -> ReplayMode:
@@ -238,6 +238,25 @@ def _checked_plan(trace: Trace, source: str | None, structure_checked: bool) -> 
     return build_plan(trace)
 
 
+@dataclass(slots=True, eq=False)
+class _Decision(ReplayDecision):
+    """A decision of this session: ``end``/``abandon`` report back to it."""
+
+    session: ReplaySession | None = None
+    replayed: ReplayedCall | None = None
+    recorded: RecordedCall | None = None
+    """The recorded call an executed body stands for (None: substituted)."""
+    token: Token[int | None] | None = None
+
+    def end(self, output: Payload | None, error: BaseException | None) -> None:
+        if self.session is not None:
+            self.session.end_call(self, output, error)
+
+    def abandon(self, error: BaseException) -> None:
+        if self.session is not None:
+            self.session.abandon_call(self, error)
+
+
 @dataclass
 class _LiveLlm:
     """The last LLM call that ran live (hybrid/live), for naming it in later divergences."""
@@ -293,7 +312,7 @@ class ReplaySession:
         )
         self._last_live: _LiveLlm | None = None
         self._state: Literal["new", "active", "closed"] = "new"
-        self._token: Token[ReplaySession | None] | None = None
+        self._token: Token[Replayer | None] | None = None
 
     @classmethod
     def from_trace(
@@ -495,7 +514,7 @@ class ReplaySession:
         text, sha = event.input, event.input_sha256
         return None if text is None or sha is None else (text, sha)
 
-    def abandon_call(self, decision: ReplayDecision, error: BaseException) -> None:
+    def abandon_call(self, decision: _Decision, error: BaseException) -> None:
         """Called by the boundary when stepfork itself failed after this session decided a call
         (its span could not be opened): the call raised ``error`` instead of delivering its
         recorded result or running its body. Recorded as the call's error and as a divergence,
@@ -503,7 +522,8 @@ class ReplaySession:
         with self._lock:  # re-entrant: end_call takes it too, and nobody sees a half update
             if decision.action == "executed":
                 self.end_call(decision, None, error)  # the body never started: release nesting
-            replayed: ReplayedCall = decision.handle[0]
+            replayed = decision.replayed
+            assert replayed is not None
             replayed.status = "error"
             replayed.error = _described(error)
             divergence = ReplaySessionError(
@@ -520,12 +540,14 @@ class ReplaySession:
             self._divergences.append(divergence)
 
     def end_call(
-        self, decision: ReplayDecision, output: Payload | None, error: BaseException | None
+        self, decision: _Decision, output: Payload | None, error: BaseException | None
     ) -> None:
         """Called by the boundary when an executed body returned or raised."""
         with self._lock:
-            replayed, rc, token = decision.handle
+            replayed, rc, token = decision.replayed, decision.recorded, decision.token
+            assert replayed is not None
             if token is not None:
+                decision.token = None
                 self._executing.reset(token)
             replayed.status = "error" if error is not None else "ok"
             if error is not None:  # a live body's own exception: redacted like any recorded message
@@ -896,7 +918,9 @@ class ReplaySession:
                 ),
                 replayed,
             )
-        return ReplayDecision("executed", handle=(replayed, expected, token))
+        return _Decision(
+            "executed", session=self, replayed=replayed, recorded=expected, token=token
+        )
 
     def _missing(
         self, call: BoundaryCall, position: int, expected: RecordedCall, reason: str
@@ -984,19 +1008,19 @@ class ReplaySession:
         replayed.output_sha256 = output.sha256
         if isinstance(outcome, ErrorEvent):
             # already redacted when recorded; redacted again in case the bundle was hand-built
-            message = _settings.settings().redactor.redact_message(outcome.message)
+            message = CONFIG.settings.redactor.redact_message(outcome.message)
             replayed.status = "error"
             replayed.error = f"{outcome.error_type}: {message}"
             error = RecordedDependencyError(
                 outcome.error_type, message, position=position, expected=expected.describe()
             )
-            return ReplayDecision(
-                "substituted", output=output, error=error, handle=(replayed, None, None)
+            return _Decision(
+                "substituted", output=output, error=error, session=self, replayed=replayed
             )
         replayed.status = "ok"
         rebuilt, note = rebuild(value, text, call.output_type)
         if note is not None:
             replayed.notes.append(note)
-        return ReplayDecision(
-            "substituted", value=rebuilt, output=output, handle=(replayed, None, None)
+        return _Decision(
+            "substituted", value=rebuilt, output=output, session=self, replayed=replayed
         )

@@ -42,7 +42,6 @@ import re
 import tempfile
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from io import BytesIO
 from itertools import compress, repeat
 from operator import attrgetter, itemgetter
@@ -53,7 +52,8 @@ import orjson
 from pydantic import ValidationError
 
 from stepfork_otel.constants import BUNDLE_SUFFIX, FORMAT_NAME, FORMAT_VERSION, GZIP_MAGIC
-from stepfork_otel.trace.canonical import model_fingerprint, sha256_hex
+from stepfork_otel.trace.checks import raise_if_inconsistent
+from stepfork_otel.trace.errors import BundleError, BundleVersionError, Problem, quote
 from stepfork_otel.trace.models import (
     EVENT_ADAPTER,
     TRACE_ADAPTER,
@@ -64,15 +64,10 @@ from stepfork_otel.trace.models import (
     ToolCall,
     ToolResult,
     Trace,
-    error_output,
-    pair_outcomes,
 )
 
 #: A gzipped bundle may not expand beyond this many bytes (a hostile "zip bomb" stops here).
 MAX_DECOMPRESSED_BYTES = 2 * 1024**3
-#: Longest excerpt of a bundle's own data (a key, a tag, an id) quoted in an error message.
-MAX_QUOTED_CHARS = 80
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
 
 
 def bundle_file_name(trace_id: str, tag: str | None = None, *, compressed: bool = False) -> str:
@@ -87,43 +82,6 @@ def bundle_stem(name: str) -> str:
     return name.removesuffix(".gz").removesuffix(BUNDLE_SUFFIX)
 
 
-def _one_line(text: str) -> str:
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
-
-
-def _quote(value: object) -> str:
-    """A short one-line excerpt of a value taken from the bundle, for an error message."""
-    text = str(value)
-    if len(text) > MAX_QUOTED_CHARS:
-        text = text[: MAX_QUOTED_CHARS - 1] + "…"
-    return _one_line(text)
-
-
-class BundleError(ValueError):
-    """A bundle could not be read or is not valid. ``str(error)`` is one line."""
-
-    def __init__(self, path: str | os.PathLike[str] | None, reason: str) -> None:
-        self.path = None if path is None else str(path)
-        self.reason = _one_line(reason)
-        where = "<trace>" if self.path is None else _one_line(self.path)
-        super().__init__(f"{where}: {self.reason}")
-
-
-class BundleVersionError(BundleError):
-    """The bundle was written by a newer stepfork_otel (a newer format version)."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a bundle, tied to the event it concerns (None: the whole bundle)."""
-
-    event_id: str | None
-    message: str
-
-    def __str__(self) -> str:
-        return f"{_quote(self.event_id)}: {self.message}" if self.event_id else self.message
-
-
 def _describe_validation_error(
     exc: ValidationError, prefix: tuple[str | int, ...] | None = None
 ) -> str:
@@ -131,11 +89,11 @@ def _describe_validation_error(
     ``events.<its index in the bundle>``)."""
     first = exc.errors(include_url=False, include_input=False)[0]
     parts = (prefix or ()) + tuple(first["loc"])
-    loc = ".".join(_quote(p) for p in parts)
+    loc = ".".join(quote(p) for p in parts)
     ctx = first.get("ctx") or {}
     if first["type"] == "union_tag_invalid":  # pydantic's message quotes the tag whole
         msg = (
-            f"unknown event type '{_quote(ctx.get('tag'))}' (expected one of "
+            f"unknown event type '{quote(ctx.get('tag'))}' (expected one of "
             f"{ctx.get('expected_tags')})"
         )
     else:
@@ -202,14 +160,6 @@ def gc_paused() -> Iterator[None]:
 def _parse(chunks: Iterable[bytes], path: str | os.PathLike[str] | None) -> Trace:
     with gc_paused():
         return _Reader(path).read(chunks)
-
-
-def raise_if_inconsistent(trace: Trace, path: str | os.PathLike[str] | None) -> None:
-    """A :class:`BundleError` naming the first problem :func:`validate_structure` finds."""
-    problems = validate_structure(trace)
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise BundleError(path, f"inconsistent bundle: {problems[0]}{more}")
 
 
 class _Reader:
@@ -393,7 +343,7 @@ class _Reader:
                 i for i, e in enumerate(batch) if not _PAYLOAD_FIELDS.isdisjoint(_fields_set(e))
             )
             raise self.error(
-                f"event {_quote(batch[n].id)}: its payload belongs on its own line",
+                f"event {quote(batch[n].id)}: its payload belongs on its own line",
                 self.event_line(kinds, n),
             )
         # one byte per event: t (no payload line), I (an input line), O (an output line)
@@ -409,7 +359,7 @@ class _Reader:
             if not all(map(classes.__contains__, map(type, owners))):
                 owner = next(e for e in owners if type(e) not in classes)
                 raise self.error(
-                    f"event {_quote(owner.id)}: an {key} payload line cannot follow a "
+                    f"event {quote(owner.id)}: an {key} payload line cannot follow a "
                     f"{owner.type} event",
                     self.event_line(kinds, batch.index(owner)) + 1,
                 )
@@ -480,7 +430,7 @@ class _Reader:
         ):
             declared = end.get("events") if isinstance(end, dict) else end
             raise self.error(
-                f"end line does not match: it declares {_quote(declared)} events, found {count}"
+                f"end line does not match: it declares {quote(declared)} events, found {count}"
             )
         head = self.head
         if self.run_payloads:
@@ -605,7 +555,7 @@ def _schema_problem(event_id: str | None, err: Any, tag: object) -> Problem:
     loc = list(err["loc"])
     if loc and loc[0] == tag:
         loc = loc[1:]  # drop the union tag pydantic puts in the location
-    where = ".".join(_quote(p) for p in loc) or ("event" if event_id else "header")
+    where = ".".join(quote(p) for p in loc) or ("event" if event_id else "header")
     return Problem(event_id, f"{where}: {err['msg']}")
 
 
@@ -668,170 +618,6 @@ def save_trace(trace: Trace, destination: str | os.PathLike[str]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
-
-
-def validate_structure(trace: Trace) -> list[Problem]:
-    """Structural problems: duplicate ids, calls out of order, parents that are not earlier calls,
-    outcomes without a call (or a second outcome for one), outcomes of the wrong kind.
-
-    Outcomes without ``parent_id`` (legacy bundles) are paired as :func:`pair_outcomes` says."""
-    if _plainly_consistent(trace.events):
-        return []
-    problems: list[Problem] = []
-    ids: set[str] = set()
-    calls: set[str] = set()
-    last_seq = 0
-    for event in trace.events:
-        if event.id in ids:
-            problems.append(Problem(event.id, "duplicate event id"))
-        ids.add(event.id)
-        if isinstance(event, (ToolCall, LlmRequest)):
-            if event.seq <= last_seq:
-                problems.append(Problem(event.id, f"call number {event.seq} out of order"))
-            last_seq = event.seq
-            if event.parent_id is not None and event.parent_id not in calls:
-                problems.append(
-                    Problem(event.id, f"parent '{_quote(event.parent_id)}' is not an earlier call")
-                )
-            calls.add(event.id)
-    with_outcome: set[str] = set()
-    for outcome, call in pair_outcomes(trace.events):
-        if call is None:
-            if outcome.parent_id is None:
-                what = "tool" if isinstance(outcome, ToolResult) else "call"
-                problems.append(
-                    Problem(outcome.id, f"outcome without parent_id matches no earlier {what}")
-                )
-            else:
-                problems.append(
-                    Problem(outcome.id, f"outcome of unknown call '{_quote(outcome.parent_id)}'")
-                )
-            continue
-        if call.id in with_outcome:
-            problems.append(Problem(outcome.id, f"second outcome for {_quote(call.id)}"))
-        with_outcome.add(call.id)
-        if isinstance(outcome, ToolResult) and not isinstance(call, ToolCall):
-            problems.append(Problem(outcome.id, "tool_result paired with a non-tool call"))
-        if isinstance(outcome, LlmResponse) and not isinstance(call, LlmRequest):
-            problems.append(Problem(outcome.id, "llm_response paired with a non-LLM call"))
-    return problems
-
-
-_PAIRS: dict[type, tuple[type, ...]] = {
-    ToolResult: (ToolCall,),
-    LlmResponse: (LlmRequest,),
-    ErrorEvent: (ToolCall, LlmRequest),
-}
-
-
-def _plainly_consistent(events: list[Event]) -> bool:
-    """The common case proved quickly: unique ids, calls in order with earlier parents, every
-    outcome naming its own earlier call of the right kind, once. False means "look closer"
-    (legacy pairing or a problem), not "inconsistent"."""
-    ids: set[str] = set()
-    calls: dict[str, type] = {}
-    answered: set[str] = set()
-    last = 0
-    pairs = _PAIRS
-    for event in events:
-        kind = type(event)
-        event_id = event.id
-        if event_id in ids:
-            return False
-        ids.add(event_id)
-        parent = event.parent_id
-        if kind in _CALL_CLASSES:
-            if event.seq <= last or (parent is not None and parent not in calls):
-                return False
-            last = event.seq
-            calls[event_id] = kind
-        else:
-            call = calls.get(parent) if parent is not None else None
-            if call is None or parent in answered or call not in pairs[kind]:
-                return False
-            answered.add(parent)  # type: ignore[arg-type]
-    return True
-
-
-def missing_payloads(trace: Trace) -> list[Problem]:
-    """Calls that replay cannot serve: no outcome recorded, or a payload left off the span."""
-    problems: list[Problem] = []
-    paired = {call.id for _, call in pair_outcomes(trace.events) if call is not None}
-    for event in trace.events:
-        if isinstance(event, (ToolCall, LlmRequest)):
-            if event.input is None:
-                problems.append(
-                    Problem(event.id, f"input missing ({event.input_missing or 'not_recorded'})")
-                )
-            if event.id not in paired and trace.complete:
-                problems.append(Problem(event.id, "no recorded result"))
-        elif isinstance(event, (ToolResult, LlmResponse)) and event.output is None:
-            problems.append(
-                Problem(event.id, f"output missing ({event.output_missing or 'not_recorded'})")
-            )
-    return problems
-
-
-def _check(
-    text: str | None, expected: str | None, what: str, event_id: str | None
-) -> Problem | None:
-    if text is None or expected is None:
-        return None
-    actual = sha256_hex(text)
-    if actual != expected:
-        return Problem(
-            event_id,
-            f"{what} fingerprint mismatch: stored {expected[:12]}…, payload hashes to {actual[:12]}…",
-        )
-    return None
-
-
-def verify_integrity(trace: Trace) -> list[Problem]:
-    """Every stored fingerprint checked against what it fingerprints: payloads (one SHA-256
-    each), error fields against their fingerprinted output, model fingerprints against the
-    call's provider, model and operation."""
-    checks: list[Problem | None] = [
-        _check(trace.run.input, trace.run.input_sha256, "run input", None),
-        _check(trace.run.output, trace.run.output_sha256, "run output", None),
-    ]
-    models: dict[tuple[str, str, str], str] = {}  # a run uses few models
-    for event in trace.events:
-        if isinstance(event, (ToolCall, LlmRequest)):
-            checks.append(_check(event.input, event.input_sha256, "input", event.id))
-            if isinstance(event, LlmRequest) and event.model_fingerprint is not None:
-                checks.append(_model_fingerprint_matches(event, models))
-        else:
-            checks.append(_check(event.output, event.output_sha256, "output", event.id))
-            if isinstance(event, ErrorEvent) and event.output is not None:
-                checks.append(_error_fields_match(event))
-    return [p for p in checks if p is not None]
-
-
-def _model_fingerprint_matches(
-    event: LlmRequest, models: dict[tuple[str, str, str], str]
-) -> Problem | None:
-    key = (event.provider, event.model, event.operation)
-    computed = models.get(key)
-    if computed is None:
-        computed = models[key] = model_fingerprint(*key)
-    if computed == event.model_fingerprint:
-        return None
-    return Problem(
-        event.id,
-        f"model fingerprint mismatch: stored {(event.model_fingerprint or '')[:12]}…, "
-        f"{event.provider}/{event.model} ({event.operation}) hashes to {computed[:12]}…",
-    )
-
-
-def _error_fields_match(event: ErrorEvent) -> Problem | None:
-    """Replay and the CLI read ``error_type``/``message``; the fingerprint covers ``output``. The
-    two must say the same, or an edit to the readable fields would pass verification."""
-    expected = error_output(event.error_type, event.message)
-    if event.output != expected:
-        return Problem(
-            event.id, "error_type/message differ from the fingerprinted output of this error"
-        )
-    return None
 
 
 def load_any(source: Trace | str | os.PathLike[str] | Any) -> Trace:

@@ -1,9 +1,21 @@
-"""Where the boundaries find the active replay session, and the contract between a boundary and a
-session (``begin_call`` before the body could run, ``end_call`` after an executed body).
+"""The contract between a boundary and a replay session, and where the boundaries find the session.
 
-It lives in its own small module so that the boundaries (recording code) can consult it without
-importing the replay machinery: an application that never replays pays one ``ContextVar.get()``
-and one empty-list test per call.
+This is the only module of ``recording/`` that ``replay/`` imports, and the boundaries never
+import ``replay/``: they talk to whatever sits in :data:`current_session` through the
+:class:`Replayer` protocol. An application that never replays pays one ``ContextVar.get()`` and
+one empty-list test per call.
+
+The exchange, once per call:
+
+1. the boundary builds a :class:`BoundaryCall` (everything known before the body could run) and
+   asks :meth:`Replayer.begin_call`, which raises a replay error (mismatch, policy) or returns a
+   :class:`ReplayDecision`;
+2. ``substituted``: the boundary returns :attr:`ReplayDecision.value` (or raises
+   :attr:`ReplayDecision.error`) and never runs the body; ``executed``: it runs the body and
+   reports the outcome with :meth:`ReplayDecision.end`;
+3. if stepfork itself fails after the decision (the span cannot be opened), the boundary calls
+   :meth:`ReplayDecision.abandon`, so the session reports the call instead of counting it as
+   replayed.
 
 The session is held in a context variable, so asyncio tasks and threads started with a copy of
 the context (``asyncio.to_thread``, ``contextvars.copy_context().run``) see it, and two sessions
@@ -19,21 +31,20 @@ from __future__ import annotations
 
 import threading
 from contextvars import ContextVar, Token
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
-from stepfork_otel.trace.policy import ReplayPolicy
+from stepfork_otel.trace.payload import Payload
+from stepfork_otel.trace.policy import ReplayMode, ReplayPolicy
 
-if TYPE_CHECKING:
-    from stepfork_otel.recording.payload import Payload
-    from stepfork_otel.replay.session import ReplaySession
+CallKind = Literal["tool", "llm"]
 
 
 @dataclass(slots=True)
 class BoundaryCall:
     """Everything a boundary knows about a call before its body could run."""
 
-    kind: Literal["tool", "llm"]
+    kind: CallKind
     name: str
     """Tool name, or the model for an LLM call."""
     input: Payload
@@ -46,9 +57,10 @@ class BoundaryCall:
     """Type to rebuild a substituted value into (a tool's return annotation, ``response_type``)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class ReplayDecision:
-    """What the session decided for one call."""
+    """What the session decided for one call. The session returns a subclass that implements
+    :meth:`end` and :meth:`abandon`; the boundary only reads the fields and calls those two."""
 
     action: Literal["substituted", "executed"]
     value: Any = None
@@ -57,8 +69,33 @@ class ReplayDecision:
     """The recorded output that was substituted, as recorded."""
     error: BaseException | None = None
     """A recorded failure to raise instead of returning (``RecordedDependencyError``)."""
-    handle: Any = field(default=None, repr=False)
-    """Session-private state passed back to ``end_call``."""
+
+    @property
+    def substituted(self) -> bool:
+        return self.action == "substituted"
+
+    def end(self, output: Payload | None, error: BaseException | None) -> None:
+        """An executed body returned (its recorded ``output``) or raised ``error``."""
+
+    def abandon(self, error: BaseException) -> None:
+        """stepfork failed after the decision: the call raised ``error`` instead of delivering
+        its recorded result or running its body."""
+
+
+class Replayer(Protocol):
+    """What a boundary needs of a replay session."""
+
+    @property
+    def mode(self) -> ReplayMode: ...
+
+    def expected_input(self) -> tuple[str, str] | None:
+        """Text and verified fingerprint of the recorded input expected next (a hint that spares
+        hashing an identical live input), or None."""
+        ...
+
+    def begin_call(self, call: BoundaryCall) -> ReplayDecision:
+        """Decide a call before its body could run; raises a replay error to refuse it."""
+        ...
 
 
 class SessionSlot:
@@ -66,13 +103,11 @@ class SessionSlot:
     process. Used like a ``ContextVar``: ``get()``, ``set()``, ``reset()``."""
 
     def __init__(self) -> None:
-        self._var: ContextVar[ReplaySession | None] = ContextVar(
-            "stepfork_replay_session", default=None
-        )
+        self._var: ContextVar[Replayer | None] = ContextVar("stepfork_replay_session", default=None)
         self._lock = threading.Lock()
-        self._active: list[ReplaySession] = []
+        self._active: list[Replayer] = []
 
-    def get(self) -> ReplaySession | None:
+    def get(self) -> Replayer | None:
         """The session a boundary must consult (None: not replaying, record as usual)."""
         session = self._var.get()
         if session is not None or not self._active:
@@ -80,17 +115,17 @@ class SessionSlot:
         with self._lock:  # a call from a context without the session: let a session refuse it
             return self._active[-1] if self._active else None
 
-    def in_context(self) -> ReplaySession | None:
+    def in_context(self) -> Replayer | None:
         """The session set in *this* context only."""
         return self._var.get()
 
-    def set(self, session: ReplaySession) -> Token[ReplaySession | None]:
+    def set(self, session: Replayer) -> Token[Replayer | None]:
         """Make ``session`` the active one in this context and in the process."""
         with self._lock:
             self._active.append(session)
         return self._var.set(session)
 
-    def reset(self, token: Token[ReplaySession | None], session: ReplaySession) -> None:
+    def reset(self, token: Token[Replayer | None], session: Replayer) -> None:
         """Undo :meth:`set` (same context) and mark ``session`` no longer active."""
         with self._lock:
             if session in self._active:

@@ -5,11 +5,15 @@ Both the live :class:`~stepfork_otel.otel.processor.SftraceSpanProcessor` and th
 :func:`spans_to_trace`. Nothing else builds events, so a bundle written locally and a bundle rebuilt
 from a collector's file are the same for the same run (same events, same fingerprints).
 
-Which spans make the bundle: the subtree of one root. The processor names the root (the run span
-that ended, or a trace's local root); without one, a trace holding a single top-level run span is
-cut to that run's subtree, so the importer, handed every span of the trace, rebuilds exactly what
-the processor wrote. A trace with several top-level runs must name the one wanted (``ValueError``
-otherwise) -- mixing two runs' calls in one bundle would make both unreplayable.
+Which spans make the bundle is the grouping rule (:mod:`stepfork_otel.trace.grouping`): the
+subtree of one root. The processor names the root (the run span that ended, or a trace's local
+root); without one, a trace holding a single top-level run span is cut to that run's subtree, so
+the importer, handed every span of the trace, rebuilds exactly what the processor wrote. A trace
+with several top-level runs must name the one wanted (``ValueError`` otherwise) -- mixing two
+runs' calls in one bundle would make both unreplayable.
+
+It is pure data in, data out: no OpenTelemetry import, no process state. What it redacts (the
+names of the application's spans kept as context) it redacts with the rules it is given.
 
 Order: calls are numbered in the order they started -- start time, then the per-process call
 number written on the span, then span id -- which is stable across batches, threads and processes
@@ -19,21 +23,19 @@ can disagree with the nesting: a call always comes after the call it is nested i
 outcome comes after the call, after everything nested in it, and before any call that started once
 it had ended.
 
-A payload on a span is only taken as whole when its size and fingerprint agree with it: an
-``OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT`` silently cuts attributes, and a cut payload is recorded as
-missing (``truncated``), never as if it were whole.
+Payloads are read with the span payload codec (:func:`~stepfork_otel.trace.payload.read_payload`):
+a payload cut by an ``OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT`` is recorded as missing (``truncated``),
+never as if it were whole.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from stepfork_otel import constants as k
-from stepfork_otel.recording import settings as _settings
-from stepfork_otel.recording.payload import Payload
+from stepfork_otel.trace import grouping
 from stepfork_otel.trace.canonical import sha256_hex
 from stepfork_otel.trace.models import (
     ContextSpan,
@@ -41,18 +43,15 @@ from stepfork_otel.trace.models import (
     Event,
     LlmRequest,
     LlmResponse,
-    MissingReason,
     RunInfo,
     ToolCall,
     ToolResult,
     Trace,
     error_output,
 )
+from stepfork_otel.trace.payload import Payload, read_error_message, read_payload
 from stepfork_otel.trace.policy import ReplayPolicy
-
-_HEX = frozenset("0123456789abcdef")
-
-T = TypeVar("T", bound=Hashable)
+from stepfork_otel.trace.redaction import Redactor
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,89 +85,24 @@ def is_stepfork_span(span: SpanRecord) -> bool:
     return span.stepfork_kind is not None
 
 
-def subtree(parent_of: Mapping[T, T | None], root: T) -> set[T]:
-    """``root`` and every id whose parent chain (through ``parent_of``) reaches it."""
-    children: dict[T, list[T]] = {}
-    for child, parent in parent_of.items():
-        if parent is not None and child != parent:
-            children.setdefault(parent, []).append(child)
-    found = {root}
-    stack = [root]
-    while stack:
-        for child in children.get(stack.pop(), ()):
-            if child not in found:
-                found.add(child)
-                stack.append(child)
-    return found
-
-
 def top_level_runs(spans: Iterable[SpanRecord]) -> list[SpanRecord]:
     """Run spans not nested in another run span of ``spans``, in start order."""
     by_id = {s.span_id: s for s in spans}
-    runs = [s for s in by_id.values() if s.stepfork_kind == k.KIND_RUN]
-    top = []
-    for run in runs:
-        parent, seen = run.parent_span_id, 0
-        nested = False
-        while parent is not None and seen < len(by_id):
-            parent_span = by_id.get(parent)
-            if parent_span is None:
-                break
-            if parent_span.stepfork_kind == k.KIND_RUN:
-                nested = True
-                break
-            parent, seen = parent_span.parent_span_id, seen + 1
-        if not nested:
-            top.append(run)
-    return sorted(top, key=_call_order)
+    parents = {i: s.parent_span_id for i, s in by_id.items()}
+    kinds = {i: s.stepfork_kind for i, s in by_id.items()}
+    return sorted((by_id[i] for i in grouping.top_level_runs(parents, kinds)), key=_call_order)
 
 
-# --- payloads ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Extracted:
-    text: str | None
-    sha256: str | None
-    size: int | None
-    missing: MissingReason | None
-
-
-def _is_sha256(value: str) -> bool:
-    return len(value) == 64 and _HEX.issuperset(value)
-
-
-def _extract(span: SpanRecord, is_input: bool) -> _Extracted:
-    key, sha_key, size_key, omitted_key, *_ = k.INPUT_KEYS if is_input else k.OUTPUT_KEYS
-    handed = span.payloads.get(key)
-    if handed is not None:
-        return _Extracted(handed.text, handed.sha256, handed.size, None)
-    attrs = span.attributes
-    raw_sha = attrs.get(sha_key)
-    sha = raw_sha if isinstance(raw_sha, str) and _is_sha256(raw_sha) else None
-    # A fingerprint attribute that is not 64 hex digits was itself cut by a length limit.
-    sha_cut = isinstance(raw_sha, str) and sha is None
-    size = attrs.get(size_key)
-    size = size if isinstance(size, int) and not isinstance(size, bool) else None
-    text = attrs.get(key)
-    text = text if isinstance(text, str) else None
-    if text is not None:
-        data = text.encode("utf-8", "surrogatepass")
-        if (
-            sha_cut
-            or (size is not None and len(data) != size)
-            or (sha is not None and hashlib.sha256(data).hexdigest() != sha)
-        ):
-            # An attribute length limit cut the payload: never keep it as if it were whole.
-            return _Extracted(None, sha, size, "truncated")
-        return _Extracted(text, sha, size, None)
-    if sha is None and not sha_cut:
-        return _Extracted(None, None, None, None)  # nothing was recorded (e.g. no run output)
-    omitted = attrs.get(omitted_key)
-    missing: MissingReason = (
-        omitted if omitted in (k.OMITTED_SIZE_CAP, k.OMITTED_CAPTURE_DISABLED) else "not_recorded"
-    )
-    return _Extracted(None, sha, size, missing)
+def parents_and_kinds(
+    spans: Iterable[SpanRecord],
+) -> tuple[dict[str, str | None], dict[str, str | None]]:
+    """What the grouping rule (:mod:`stepfork_otel.trace.grouping`) needs of each span."""
+    parents: dict[str, str | None] = {}
+    kinds: dict[str, str | None] = {}
+    for s in spans:
+        parents[s.span_id] = s.parent_span_id
+        kinds[s.span_id] = s.stepfork_kind
+    return parents, kinds
 
 
 def _str(attrs: Mapping[str, Any], key: str, default: str = "") -> str:
@@ -196,14 +130,6 @@ def _action(attrs: Mapping[str, Any]) -> Any:
 def _status(attrs: Mapping[str, Any]) -> str | None:
     value = attrs.get(k.STATUS)
     return value if value in (k.STATUS_OK, k.STATUS_ERROR, k.STATUS_SKIPPED) else None
-
-
-def _error_message(span: SpanRecord) -> str | None:
-    handed = span.payloads.get(k.ERROR_MESSAGE)
-    if handed is not None:
-        return handed.text
-    value = span.attributes.get(k.ERROR_MESSAGE)
-    return value if isinstance(value, str) else None
 
 
 def _usage(attrs: Mapping[str, Any]) -> dict[str, int] | None:
@@ -238,7 +164,7 @@ def _outcome(span: SpanRecord, call_id: str, base: dict[str, Any], name: str) ->
     attrs = span.attributes
     if status in (k.STATUS_ERROR, k.STATUS_SKIPPED):
         error_type = _str(attrs, k.ERROR_TYPE, "Exception")
-        message = _error_message(span) or ""
+        message = read_error_message(span.attributes, span.payloads) or ""
         text = error_output(error_type, message)
         return ErrorEvent(
             id=f"{call_id}.error",
@@ -250,7 +176,7 @@ def _outcome(span: SpanRecord, call_id: str, base: dict[str, Any], name: str) ->
             output_size=len(text.encode("utf-8")),
             **common,
         )
-    out = _extract(span, is_input=False)
+    out = read_payload(span.attributes, span.payloads, is_input=False)
     payload: dict[str, Any] = dict(
         output=out.text, output_sha256=out.sha256, output_size=out.size, output_missing=out.missing
     )
@@ -279,7 +205,7 @@ def _call_event(
         replay_policy=_policy(attrs),
         replay_action=_action(attrs),
     )
-    inp = _extract(span, is_input=True)
+    inp = read_payload(span.attributes, span.payloads, is_input=True)
     call_fields = dict(
         base,
         id=call_id,
@@ -313,8 +239,8 @@ def _run_info(run: SpanRecord | None, replay_mode: str | None) -> RunInfo:
     if run is None:
         return RunInfo(replay_mode=replay_mode)
     attrs = run.attributes
-    inp = _extract(run, is_input=True)
-    out = _extract(run, is_input=False)
+    inp = read_payload(run.attributes, run.payloads, is_input=True)
+    out = read_payload(run.attributes, run.payloads, is_input=False)
     status = _status(attrs)
     return RunInfo(
         name=_str(attrs, k.RUN_NAME) or run.name,
@@ -330,7 +256,7 @@ def _run_info(run: SpanRecord | None, replay_mode: str | None) -> RunInfo:
         if status == k.STATUS_OK
         else ("error" if status == k.STATUS_ERROR else "unset"),
         error_type=_str(attrs, k.ERROR_TYPE) or None,
-        error_message=_error_message(run),
+        error_message=read_error_message(run.attributes, run.payloads),
         start_time_unix_nano=run.start_time_unix_nano,
         end_time_unix_nano=run.end_time_unix_nano or 0,
         replay_mode=_str(attrs, k.REPLAY_MODE) or replay_mode,
@@ -419,12 +345,18 @@ def _timeline(
 def spans_to_trace(
     spans: Iterable[SpanRecord],
     *,
+    redactor: Redactor,
     complete: bool = True,
     incomplete_reason: str | None = None,
     dropped_spans: int = 0,
     root_span_id: str | None = None,
 ) -> Trace:
     """Build the trace of one run from its spans (any order; all of one trace id).
+
+    ``redactor``: the rules applied to what the conversion itself takes from the spans -- the
+    names of the application's spans kept as context (boundary payloads were redacted when they
+    were recorded). The processor passes the configured rules, the importer the rules it was
+    given, so the same rules give the same bundle.
 
     ``root_span_id``: the span whose subtree is the bundle (a run span, or a local root). Without
     it, a trace with one top-level run span is cut to that run; with several, ``ValueError``.
@@ -448,7 +380,7 @@ def spans_to_trace(
     if root_span_id is not None:
         if root_span_id not in by_id:
             raise ValueError(f"root span {root_span_id} is not among the spans given")
-        keep = subtree({s.span_id: s.parent_span_id for s in by_id.values()}, root_span_id)
+        keep = grouping.subtree({s.span_id: s.parent_span_id for s in by_id.values()}, root_span_id)
         by_id = {span_id: s for span_id, s in by_id.items() if span_id in keep}
         root = by_id[root_span_id]
         if root.stepfork_kind == k.KIND_RUN:
@@ -487,12 +419,11 @@ def spans_to_trace(
             outcomes[span.span_id] = outcome
         replay_mode = replay_mode or (_str(span.attributes, k.REPLAY_MODE) or None)
     events = _timeline(ordered, enclosing, calls, outcomes)
-    redactor = _settings.settings().redactor  # your span names may embed URLs with credentials
     context = [
         ContextSpan(
             span_id=s.span_id,
             parent_span_id=s.parent_span_id,
-            name=redactor.redact_text(s.name),
+            name=redactor.redact_text(s.name),  # your span names may embed credentials
             kind=s.kind,
             start_time_unix_nano=s.start_time_unix_nano,
             end_time_unix_nano=s.end_time_unix_nano or 0,

@@ -20,15 +20,17 @@ from opentelemetry.trace import Span, SpanKind
 
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors
-from stepfork_otel.recording import settings as _settings
-from stepfork_otel.recording.boundaries import (
+from stepfork_otel._version import __version__
+from stepfork_otel.config import CONFIG
+from stepfork_otel.otel.setup import ensure_bundle_processor
+from stepfork_otel.recording.spans import (
     call_start_time,
     end_span,
     record_failure,
-    set_payload_attributes,
+    write_payload,
 )
-from stepfork_otel.recording.payload import capture
 from stepfork_otel.trace.models import Trace
+from stepfork_otel.trace.payload import capture
 
 logger = logging.getLogger("stepfork_otel")
 _UNSET: Any = object()
@@ -88,9 +90,6 @@ class RunRecorder:
         return self
 
     def _start(self) -> None:
-        from stepfork_otel import __version__
-        from stepfork_otel.otel.setup import ensure_bundle_processor
-
         processor = None
         with handle_internal_errors("attaching the bundle processor"):
             processor = ensure_bundle_processor()
@@ -107,7 +106,7 @@ class RunRecorder:
             attributes[k.RUN_ENTRYPOINT] = self.entrypoint
         if self._keep:
             attributes[k.RUN_KEEP] = True
-        span = _settings.tracer().start_span(
+        span = CONFIG.tracer().start_span(
             f"{k.OP_INVOKE_AGENT} {self.name}",
             kind=SpanKind.INTERNAL,
             attributes=attributes,
@@ -121,7 +120,7 @@ class RunRecorder:
         self.trace_id = format(span_context.trace_id, "032x")
         with handle_internal_errors("recording the run input"):
             if self._input is not _UNSET:
-                set_payload_attributes(span, k.INPUT, capture(self._input))
+                write_payload(span, k.INPUT, capture(self._input, CONFIG.settings.redactor))
         if not span.is_recording():
             logger.warning(
                 "stepfork_otel: the run %r was not sampled by the tracer provider's sampler; "
@@ -146,7 +145,7 @@ class RunRecorder:
         self._span = None
         with handle_internal_errors("recording the run outcome"):
             if self._output is not _UNSET:
-                set_payload_attributes(span, k.OUTPUT, capture(self._output))
+                write_payload(span, k.OUTPUT, capture(self._output, CONFIG.settings.redactor))
             if exc is not None:
                 record_failure(span, exc)
             else:

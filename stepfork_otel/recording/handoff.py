@@ -1,0 +1,97 @@
+"""The payload hand-off: how full payloads reach the span processors of this process.
+
+A payload above the span size cap (or with content capture off) is not on the span, and an
+``OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT`` may cut one that is; the local bundle must keep them whole
+all the same. Payloads never travel as private span attributes (those would reach every
+exporter), so the boundary hands them over here, keyed by span id, and the processors read them
+when the span ends.
+
+One object with one owner, and every access to what it keeps under its lock:
+
+* a processor :meth:`~PayloadHandoff.attach` es when it starts listening and
+  :meth:`~PayloadHandoff.detach` es on shutdown; it :meth:`~PayloadHandoff.read` s a *copy* of a
+  span's payloads in ``on_end`` (or while flushing an open span), so two processors on one
+  provider both get them whole;
+* a boundary :meth:`~PayloadHandoff.keep` s a payload (nothing is kept while no processor
+  listens, or for a span a sampler dropped: that one never reaches a processor) and
+  :meth:`~PayloadHandoff.release` s the span's entry once ``span.end()`` returned -- by then every
+  processor's ``on_end`` has run, whether it returned or raised.
+
+:attr:`~PayloadHandoff.pending` (entries not yet released) is for tests and health checks: it is
+0 whenever no boundary span is open.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+
+from opentelemetry.trace import Span
+
+from stepfork_otel.trace.payload import Payload
+
+_EMPTY: Mapping[str, Payload] = {}
+
+
+class PayloadHandoff:
+    """Full payloads of open spans, from the boundaries to the span processors of this process."""
+
+    __slots__ = ("_kept", "_listeners", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: dict[int, dict[str, Payload]] = {}
+        self._listeners = 0
+
+    # -- processors ------------------------------------------------------------------------------
+
+    def attach(self) -> None:
+        """A processor starts listening: payloads are kept from now on."""
+        with self._lock:
+            self._listeners += 1
+
+    def detach(self) -> None:
+        """A processor stops listening; with none left, whatever was kept is dropped."""
+        with self._lock:
+            self._listeners = max(0, self._listeners - 1)
+            if not self._listeners:
+                self._kept.clear()
+
+    def read(self, span_id: int) -> Mapping[str, Payload]:
+        """A copy of the payloads kept for ``span_id`` (empty if none)."""
+        with self._lock:
+            kept = self._kept.get(span_id)
+            return dict(kept) if kept else _EMPTY
+
+    # -- boundaries ------------------------------------------------------------------------------
+
+    @property
+    def listening(self) -> bool:
+        return self._listeners > 0
+
+    def keep(self, span: Span, key: str, payload: Payload) -> None:
+        """Keep ``payload`` under ``key`` for ``span``, if a processor listens and the span is
+        recorded."""
+        if not self._listeners or not span.is_recording():  # (an int read: no lock needed)
+            return
+        span_id = span.get_span_context().span_id
+        with self._lock:
+            if self._listeners:
+                self._kept.setdefault(span_id, {})[key] = payload
+
+    def release(self, span: Span) -> None:
+        """Drop what was kept for ``span`` (call once it has ended)."""
+        span_id = span.get_span_context().span_id
+        with self._lock:
+            if self._kept:
+                self._kept.pop(span_id, None)
+
+    @property
+    def pending(self) -> int:
+        """Spans whose payloads are kept (not yet released)."""
+        with self._lock:
+            return len(self._kept)
+
+
+HANDOFF = PayloadHandoff()
+"""The process's hand-off, shared by every boundary and every bundle processor."""

@@ -1,0 +1,145 @@
+"""What the boundaries and ``record()`` write on their spans: call numbers and start times,
+payloads (on the span, and whole through the hand-off), sanitised failures, the end.
+
+Only the OpenTelemetry API is used here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+from opentelemetry.trace import Span, Status, StatusCode
+
+from stepfork_otel import constants as k
+from stepfork_otel.config import CONFIG
+from stepfork_otel.recording.handoff import HANDOFF
+from stepfork_otel.trace.payload import (
+    Payload,
+    exception_message,
+    payload_attributes,
+    qualified_name,
+)
+
+# --- call numbering ------------------------------------------------------------------------------
+# Each boundary span carries the number of the call within its trace, taken together with its
+# start time under one lock, so "the order in which calls started" is the same whether it is read
+# from timestamps or numbers, across threads and tasks, and survives batches arriving out of order.
+# Start times come from a clock that never repeats or goes back within the process (the wall clock,
+# nudged forward by a nanosecond when it did not advance), so two calls never tie.
+
+_seq_lock = threading.Lock()
+_seq_by_trace: OrderedDict[int, itertools.count[int]] = OrderedDict()
+_MAX_TRACKED_TRACES = 4096
+_last_start = 0
+
+
+def _tick() -> int:
+    global _last_start
+    now = time.time_ns()
+    if now <= _last_start:
+        now = _last_start + 1
+    _last_start = now
+    return now
+
+
+def call_start_time() -> int:
+    """A start time (ns) later than every start time handed out before in this process."""
+    with _seq_lock:
+        return _tick()
+
+
+def next_call_number(trace_id: int) -> tuple[int, int]:
+    """(sequence number, start time in ns) for a new call in the existing trace ``trace_id``."""
+    with _seq_lock:
+        counter = _seq_by_trace.get(trace_id)
+        if counter is None:
+            counter = _seq_by_trace[trace_id] = itertools.count(1)
+            if len(_seq_by_trace) > _MAX_TRACKED_TRACES:
+                _seq_by_trace.popitem(last=False)
+        else:
+            _seq_by_trace.move_to_end(trace_id)
+        return next(counter), _tick()
+
+
+def first_call_of_trace(trace_id: int) -> None:
+    """A boundary span that opened a new trace took number 1: continue from 2."""
+    with _seq_lock:
+        _seq_by_trace[trace_id] = itertools.count(2)
+        if len(_seq_by_trace) > _MAX_TRACKED_TRACES:
+            _seq_by_trace.popitem(last=False)
+
+
+# --- payloads, failures, the end -----------------------------------------------------------------
+
+
+def span_payload_attributes(key: str, payload: Payload) -> dict[str, Any]:
+    """The span attributes of a payload under the settings in force (see
+    :func:`~stepfork_otel.trace.payload.payload_attributes`)."""
+    settings = CONFIG.settings
+    return payload_attributes(
+        key,
+        payload,
+        capture_content=settings.capture_content,
+        max_bytes=settings.max_span_payload_bytes,
+    )
+
+
+def write_payload(span: Span, key: str, payload: Payload) -> None:
+    """Write a payload on a span and hand it, whole, to the bundle processors."""
+    span.set_attributes(span_payload_attributes(key, payload))
+    HANDOFF.keep(span, key, payload)
+
+
+def record_failure(span: Span, exc: BaseException) -> None:
+    """Mark a span failed with the exception's type and *redacted* message (never the raw one).
+
+    The sanitised ``exception`` event replaces OTel's ``record_exception``, which would copy the
+    raw message (secrets included) and the traceback onto the span."""
+    error_type = qualified_name(type(exc))
+    message = exception_message(exc, CONFIG.settings.redactor)
+    HANDOFF.keep(span, k.ERROR_MESSAGE, Payload.from_text(message))  # whole, past length limits
+    span.set_attribute(k.STATUS, k.STATUS_ERROR)
+    span.set_attribute(k.ERROR_TYPE, error_type)
+    span.set_attribute(k.ERROR_MESSAGE, message)
+    span.add_event(k.EXCEPTION_EVENT, {k.EXCEPTION_TYPE: error_type, k.EXCEPTION_MESSAGE: message})
+    span.set_status(Status(StatusCode.ERROR, f"{error_type}: {message}"))
+
+
+def end_span(span: Span) -> None:
+    """End a span that stepfork opened, then release its hand-off entry: by then every
+    processor has read it (the SDK calls ``on_end`` before ``end`` returns), whether ``on_end``
+    returned or raised."""
+    try:
+        span.end()
+    finally:
+        HANDOFF.release(span)
+
+
+def _field(value: Any, name: str) -> Any:
+    return value.get(name) if isinstance(value, dict) else getattr(value, name, None)
+
+
+def usage_attributes(response: Any) -> dict[str, Any]:
+    """``gen_ai.response.model`` and ``gen_ai.usage.*`` from a dict or object response (OpenAI
+    ``prompt_tokens``/``completion_tokens`` or Anthropic ``input_tokens``/``output_tokens``)."""
+    attributes: dict[str, Any] = {}
+    model = _field(response, "model")
+    if isinstance(model, str):
+        attributes[k.GEN_AI_RESPONSE_MODEL] = model
+    usage = _field(response, "usage")
+    if usage is None:
+        return attributes
+    for attribute, names in (
+        (k.GEN_AI_USAGE_INPUT_TOKENS, ("input_tokens", "prompt_tokens")),
+        (k.GEN_AI_USAGE_OUTPUT_TOKENS, ("output_tokens", "completion_tokens")),
+    ):
+        for name in names:
+            value = _field(usage, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                attributes[attribute] = value
+                break
+    return attributes

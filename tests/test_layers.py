@@ -1,0 +1,287 @@
+"""Pin the package's layer rules (DESIGN.md section 3): imports point down, never up, and no
+import cycle, not even inside a package. The graph comes from ``ast`` (every import, including
+``if TYPE_CHECKING:`` and function-local ones); the "no OpenTelemetry" rules from a fresh
+interpreter. The ``test_selftest_*`` tests run the checker on a synthetic package: it can fail."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "stepfork_otel"
+
+# Names relative to the package: "x" is exactly module x, "x.*" is x and everything under it,
+# "" is the package's own __init__. A module may import only modules of its layer or lower.
+LAYERS: dict[int, tuple[str, ...]] = {
+    0: ("constants", "_version", "_internal"),
+    1: ("trace.*",),
+    2: ("config",),
+    3: ("recording.*",),
+    4: ("otel.*", "replay.*"),
+    5: ("assertions", "pytest_plugin", "cli.*", ""),
+}
+# Edges forbidden whatever the layers say: (importer, imported, allowed exceptions, why).
+FORBIDDEN: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
+    ("otel.*", "replay.*", (), "otel and replay never import each other"),
+    ("replay.*", "otel.*", (), "otel and replay never import each other"),
+    ("replay.*", "recording.*", ("recording.contract",), "replay takes only recording.contract"),
+    ("pytest_plugin", "cli.*", (), "pytest_plugin imports nothing under cli"),
+)
+
+Graph = dict[str, dict[str, int]]  # importer -> {imported: first line}
+
+
+def module_files(package_dir: Path, package_name: str) -> dict[str, Path]:
+    """Every module of the package by dotted name; a package is its ``__init__``."""
+    modules: dict[str, Path] = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = path.relative_to(package_dir).with_suffix("").parts
+        modules[".".join((package_name, *parts[: -1 if parts[-1] == "__init__" else None]))] = path
+    return modules
+
+
+def build_graph(package_dir: Path, package_name: str) -> Graph:
+    """The import graph: edges to names inside the package only, no self-edges."""
+    modules = module_files(package_dir, package_name)
+    graph: Graph = {}
+    for importer, path in modules.items():
+        edges = graph.setdefault(importer, {})
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: the importer's package, then up level - 1
+                    parts = importer.split(".")[: None if path.name == "__init__.py" else -1]
+                    parts = parts[: max(0, len(parts) - node.level + 1)]
+                    base = ".".join([*parts, *([node.module] if node.module else [])])
+                subs = [f"{base}.{alias.name}" for alias in node.names]
+                targets = [sub if sub in modules else base for sub in subs]
+            else:
+                continue
+            for target in targets:
+                inside = target == package_name or target.startswith(package_name + ".")
+                if inside and target != importer:
+                    edges[target] = min(edges.get(target, node.lineno), node.lineno)
+    return graph
+
+
+def _matches(name: str, pattern: str, package_name: str) -> bool:
+    full = ".".join(part for part in (package_name, pattern.removesuffix(".*")) if part)
+    return name == full or (pattern.endswith(".*") and name.startswith(full + "."))
+
+
+def layer_of(name: str, package_name: str) -> int | None:
+    found = (
+        n for n, patterns in LAYERS.items() for p in patterns if _matches(name, p, package_name)
+    )
+    return next(found, None)
+
+
+def unassigned_modules(graph: Graph, package_name: str) -> list[str]:
+    return [m for m in sorted(graph) if layer_of(m, package_name) is None]
+
+
+def layer_violations(graph: Graph, package_name: str) -> list[str]:
+    """Upward imports, FORBIDDEN edges, and edges to names that are no module of the package."""
+    problems: list[str] = []
+    for importer, edges in sorted(graph.items()):
+        level = layer_of(importer, package_name)
+        if level is None:
+            continue  # reported by unassigned_modules
+        for target, line in sorted(edges.items()):
+            edge, to = f"{importer} -> {target} (line {line})", layer_of(target, package_name)
+            if target not in graph:  # e.g. a stale import of a module that moved
+                problems.append(f"{edge}: not a module of the package")
+                continue
+            if to is not None and to > level:
+                problems.append(f"{edge}: upward import L{level} -> L{to}")
+            problems += [
+                f"{edge}: {why}"
+                for src, dst, allowed, why in FORBIDDEN
+                if _matches(importer, src, package_name)
+                and _matches(target, dst, package_name)
+                and not any(_matches(target, a, package_name) for a in allowed)
+            ]
+    return problems
+
+
+def import_cycles(graph: Graph) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for child in sorted(t for t in graph[node] if t in graph):
+            if child not in index:
+                visit(child)
+                low[node] = min(low[node], low[child])
+            elif child in stack:
+                low[node] = min(low[node], index[child])
+        if low[node] == index[node]:
+            component, stack[stack.index(node) :] = stack[stack.index(node) :], []
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(components)
+
+
+def describe_cycles(graph: Graph, components: list[list[str]]) -> list[str]:
+    lines: list[str] = []
+    for members in components:
+        lines.append(f"cycle between {', '.join(members)}:")
+        for a in members:
+            lines += [
+                f"  {a} -> {b} (line {n})" for b, n in sorted(graph[a].items()) if b in members
+            ]
+    return lines
+
+
+def fail_if(problems: list[str], header: str) -> None:
+    __tracebackhide__ = True  # and no `assert`: pytest would repeat the list as a repr
+    if problems:
+        raise AssertionError(f"{header}:\n" + "\n".join(problems))
+
+
+# Run in a fresh interpreter: import each name in turn; what it newly loads under the prefix.
+PROBE = """import importlib, sys
+found = {}
+for name in sys.argv[2:]:
+    before = set(sys.modules)
+    try:
+        importlib.import_module(name)
+        error = []
+    except Exception as e:
+        error = [f"cannot be imported ({type(e).__name__}: {e})"]
+    new = sorted(m for m in set(sys.modules) - before if m.startswith(sys.argv[1]))
+    found[name] = "; ".join(error + (["newly loads " + ", ".join(new)] if new else []))
+print(repr(found))
+"""
+
+
+def new_modules(imports: list[str], prefix: str) -> list[str]:
+    """Per name: what it newly loads starting with prefix, or that it cannot be imported."""
+    __tracebackhide__ = True
+    command = [sys.executable, "-c", PROBE, prefix, *imports]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    fail_if([run.stderr.strip()] if run.returncode else [], "the import subprocess failed")
+    found: dict[str, str] = ast.literal_eval(run.stdout.strip().splitlines()[-1])
+    return [f"{name} {problem}" for name, problem in found.items() if problem]
+
+
+# --- the real package --------------------------------------------------------------------------
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = unassigned_modules(build_graph(ROOT / PACKAGE, PACKAGE), PACKAGE)
+    fail_if([f"unassigned module {m}: add it to the layer map" for m in missing], "layer map")
+
+
+def test_no_import_cycles() -> None:
+    graph = build_graph(ROOT / PACKAGE, PACKAGE)
+    fail_if(describe_cycles(graph, import_cycles(graph)), "import cycles")
+
+
+def test_no_upward_or_forbidden_imports() -> None:
+    graph = build_graph(ROOT / PACKAGE, PACKAGE)
+    fail_if(layer_violations(graph, PACKAGE), "layer violations")
+
+
+def test_recording_boundaries_loads_no_opentelemetry_sdk() -> None:
+    bad = new_modules([f"{PACKAGE}.recording.boundaries"], "opentelemetry.sdk")
+    fail_if(bad, "recording.boundaries must load no opentelemetry.sdk module")
+
+
+def test_trace_loads_no_opentelemetry() -> None:
+    names = [m for m in module_files(ROOT / PACKAGE, PACKAGE) if _matches(m, "trace.*", PACKAGE)]
+    fail_if(new_modules(sorted(names), "opentelemetry"), "trace/ must load no opentelemetry module")
+
+
+# --- self-tests on a synthetic package laid out like the real layers ----------------------------
+
+BASE: dict[str, str] = {  # no violation: each self-test adds files and expects exact findings
+    "__init__.py": "from pkg.trace import models\n",
+    "constants.py": "",
+    "trace/__init__.py": "",
+    "trace/models.py": "from pkg.constants import X\n",
+    "recording/__init__.py": "",
+    "recording/contract.py": "from ..trace.models import Thing\n",
+    "recording/boundaries.py": "from . import contract\n",
+    "replay/__init__.py": "",
+    "replay/session.py": "from pkg.recording.contract import Replayer\n",
+}
+
+
+def fake_graph(tmp_path: Path, extra: dict[str, str]) -> Graph:
+    """The graph of BASE plus extra files (path inside the package -> source)."""
+    for rel, text in {**BASE, **extra}.items():
+        (tmp_path / "pkg" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pkg" / rel).write_text(text, encoding="utf-8")
+    return build_graph(tmp_path / "pkg", "pkg")
+
+
+def test_selftest_upward_import_in_function_is_reported(tmp_path: Path) -> None:
+    late = "def load():\n    from pkg.recording.boundaries import f\n"
+    graph = fake_graph(tmp_path, {"trace/bundle.py": late, "extra.py": "import pkg.gone\n"})
+    assert layer_violations(graph, "pkg") == [
+        "pkg.trace.bundle -> pkg.recording.boundaries (line 2): upward import L1 -> L3"
+    ]
+    assert unassigned_modules(graph, "pkg") == ["pkg.extra"]
+    assert import_cycles(graph) == []
+
+
+def test_selftest_forbidden_edges_are_reported(tmp_path: Path) -> None:
+    extra = {
+        "replay/session.py": "import pkg.recording.contract\n"
+        "from pkg.recording import boundaries, y\n",
+        "otel/x.py": "import pkg.replay\nfrom pkg.gone import y\n",
+        "pytest_plugin.py": "class P:\n    def f(self):\n        import pkg.cli.report as r\n",
+        "cli/report.py": "",
+    }
+    assert layer_violations(fake_graph(tmp_path, extra), "pkg") == [
+        "pkg.otel.x -> pkg.gone (line 2): not a module of the package",
+        "pkg.otel.x -> pkg.replay (line 1): otel and replay never import each other",
+        "pkg.pytest_plugin -> pkg.cli.report (line 3): pytest_plugin imports nothing under cli",
+        "pkg.replay.session -> pkg.recording (line 2): replay takes only recording.contract",
+        "pkg.replay.session -> pkg.recording.boundaries (line 2): "
+        "replay takes only recording.contract",
+    ]
+
+
+def test_selftest_cycle_is_reported(tmp_path: Path) -> None:
+    cyclic = {"trace/a.py": "from . import b\n", "trace/b.py": "x = 1\nimport pkg.trace.a\n"}
+    graph = fake_graph(tmp_path, cyclic)
+    components = import_cycles(graph)
+    assert components == [["pkg.trace.a", "pkg.trace.b"]]
+    assert describe_cycles(graph, components) == [
+        "cycle between pkg.trace.a, pkg.trace.b:",
+        "  pkg.trace.a -> pkg.trace.b (line 1)",
+        "  pkg.trace.b -> pkg.trace.a (line 2)",
+    ]
+
+
+def test_selftest_type_checking_and_relative_imports_are_detected(tmp_path: Path) -> None:
+    checking = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..replay import session\n"
+    )
+    package_init = "from . import session\nfrom .. import Z\n"
+    graph = fake_graph(tmp_path, {"recording/run.py": checking, "replay/__init__.py": package_init})
+    assert graph["pkg.recording.run"] == {"pkg.replay.session": 3}
+    assert graph["pkg.replay"] == {"pkg.replay.session": 1, "pkg": 2}
+    assert graph["pkg.recording.contract"] == {"pkg.trace.models": 1}
+    assert graph["pkg.recording.boundaries"] == {"pkg.recording.contract": 1}
+    assert graph["pkg"] == {"pkg.trace.models": 1}
+    assert layer_violations(graph, "pkg") == [
+        "pkg.recording.run -> pkg.replay.session (line 3): upward import L3 -> L4",
+        "pkg.replay -> pkg (line 2): upward import L4 -> L5",
+    ]
