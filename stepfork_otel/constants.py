@@ -159,7 +159,16 @@ STATUS_OK: Final = "ok"
 STATUS_ERROR: Final = "error"
 STATUS_SKIPPED: Final = "skipped"
 
-#: Number of characters kept in a preview.
+# --- how much of a payload or fingerprint people are shown (one place for every length) ---------
+
+#: Characters of a payload kept as ``stepfork.*.preview`` on a span when the payload is left off.
 PREVIEW_CHARS: Final = 256
+#: Characters of a redacted input preview in a replay error message.
+ERROR_PREVIEW_CHARS: Final = 160
+#: Characters of a payload preview in CLI reports (``--verbose``: :data:`VERBOSE_PREVIEW_CHARS`).
+REPORT_PREVIEW_CHARS: Final = 100
+VERBOSE_PREVIEW_CHARS: Final = 2000
+#: Hex digits of a SHA-256 fingerprint shown where it is abbreviated (followed by an ellipsis).
+FINGERPRINT_CHARS: Final = 12
 #: Default cap (bytes of canonical JSON) above which a payload is left off the span.
 DEFAULT_MAX_SPAN_PAYLOAD_BYTES: Final = 64 * 1024

@@ -24,8 +24,8 @@ from stepfork_otel import (
     trace_tool,
 )
 from stepfork_otel.otel import run as run_module
-from stepfork_otel.recording import boundaries
 from stepfork_otel.otel import writer as writer_module
+from stepfork_otel.recording import boundaries
 from stepfork_otel.recording.handoff import HANDOFF, PayloadHandoff
 
 

@@ -32,16 +32,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from stepfork_otel.constants import ERROR_PREVIEW_CHARS
 from stepfork_otel.trace.errors import BundleError
-
-#: Characters of a redacted input preview shown in messages.
-PREVIEW_CHARS = 160
+from stepfork_otel.trace.models import label
 
 #: ``CallDescription.fingerprint_source`` of a legacy bundle's call whose fingerprint replay computed.
 COMPUTED_FROM_TRACE = "computed from the loaded trace"
 
 
-def preview(text: str | None, limit: int = PREVIEW_CHARS) -> str:
+def preview(text: str | None, limit: int = ERROR_PREVIEW_CHARS) -> str:
     """A redacted payload shortened for a message (``<not recorded>`` when absent)."""
     if text is None:
         return "<not recorded>"
@@ -83,9 +82,7 @@ class CallDescription:
     operation: str | None = None
 
     def label(self) -> str:
-        if self.kind == "llm":
-            return f"llm {self.provider}/{self.model}"
-        return f"tool {self.name}"
+        return label(self.kind, self.name, self.provider, self.model)
 
     def lines(self, indent: str = "    ") -> list[str]:
         out = [f"{self.label()}" + (f" ({self.event_id})" if self.event_id else "")]

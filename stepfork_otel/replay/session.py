@@ -59,9 +59,16 @@ from stepfork_otel.replay.plan import (
 )
 from stepfork_otel.replay.values import rebuild
 from stepfork_otel.trace.bundle import gc_paused, load_any
-from stepfork_otel.trace.canonical import UNSERIALISABLE_MARKER, sha256_hex
+from stepfork_otel.trace.canonical import UNSERIALISABLE_MARKER, sha256_hex, short_fingerprint
 from stepfork_otel.trace.checks import raise_if_inconsistent, verify_integrity
-from stepfork_otel.trace.models import ErrorEvent, LlmRequest, ToolCall, Trace, payload_value
+from stepfork_otel.trace.models import (
+    ErrorEvent,
+    LlmRequest,
+    ToolCall,
+    Trace,
+    label,
+    payload_value,
+)
 from stepfork_otel.trace.payload import Payload, exception_message
 from stepfork_otel.trace.policy import ReplayMode, ReplayPolicy
 
@@ -120,7 +127,7 @@ class ReplayedCall:
 
     @property
     def label(self) -> str:
-        return f"llm {self.provider}/{self.model}" if self.kind == "llm" else f"tool {self.name}"
+        return label(self.kind, self.name, self.provider, self.model)
 
 
 @dataclass(frozen=True)
@@ -222,10 +229,6 @@ def _matches_llm(selector: str, provider: str | None, model: str | None) -> bool
 
 def _a(kind: str) -> str:
     return "an llm" if kind == "llm" else f"a {kind}"
-
-
-def _short(sha: str | None) -> str:
-    return f"{sha[:12]}…" if sha else "none"
 
 
 def _checked_plan(trace: Trace, source: str | None, structure_checked: bool) -> list[RecordedCall]:
@@ -564,8 +567,8 @@ class ReplaySession:
             live = output.sha256 if output is not None else None
             if error is None and recorded is not None and live is not None and live != recorded:
                 replayed.notes.append(
-                    f"live output differs from the recording (sha256 {_short(live)} vs recorded "
-                    f"{_short(recorded)})"
+                    f"live output differs from the recording (sha256 {short_fingerprint(live)} vs recorded "
+                    f"{short_fingerprint(recorded)})"
                 )
 
     # -- internals -------------------------------------------------------------------------------
@@ -899,7 +902,7 @@ class ReplaySession:
         if replayed.input_sha256 != expected.input_sha256:
             replayed.notes.append(
                 f"input drift (hybrid): this run's input differs from the recording (sha256 "
-                f"{_short(replayed.input_sha256)} vs recorded {_short(expected.input_sha256)})"
+                f"{short_fingerprint(replayed.input_sha256)} vs recorded {short_fingerprint(expected.input_sha256)})"
             )
         expected.state = "consumed"
         self._advance()

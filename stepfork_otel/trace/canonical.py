@@ -57,6 +57,8 @@ from typing import Any
 import orjson
 import pydantic
 
+from stepfork_otel.constants import FINGERPRINT_CHARS
+
 _OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
 _SURROGATE = re.compile("[\ud800-\udfff]")
 #: Deepest nesting of arrays/objects accepted (orjson refuses the 255th level).
@@ -243,6 +245,16 @@ def stored_or_sha256(text: str | None, stored: str | None) -> str | None:
     if stored is not None:
         return stored
     return None if text is None else sha256_hex(text)
+
+
+def short_fingerprint(sha: str | None, *, verbose: bool = False, missing: str = "none") -> str:
+    """A SHA-256 hex digest as shown to people: its first characters and an ellipsis (the whole
+    digest when ``verbose``); ``missing`` when there is none."""
+    if sha is None:
+        return missing
+    if verbose or len(sha) <= FINGERPRINT_CHARS:
+        return sha
+    return sha[:FINGERPRINT_CHARS] + "…"
 
 
 def fingerprint(value: Any) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from stepfork_otel.trace.canonical import model_fingerprint, sha256_hex
+from stepfork_otel.trace.canonical import model_fingerprint, sha256_hex, short_fingerprint
 from stepfork_otel.trace.errors import BundleError, Problem, quote
 from stepfork_otel.trace.models import (
     ErrorEvent,
@@ -148,7 +148,8 @@ def _check(
     if actual != expected:
         return Problem(
             event_id,
-            f"{what} fingerprint mismatch: stored {expected[:12]}…, payload hashes to {actual[:12]}…",
+            f"{what} fingerprint mismatch: stored {short_fingerprint(expected)}, payload hashes "
+            f"to {short_fingerprint(actual)}",
         )
     return None
 
@@ -185,8 +186,9 @@ def _model_fingerprint_matches(
         return None
     return Problem(
         event.id,
-        f"model fingerprint mismatch: stored {(event.model_fingerprint or '')[:12]}…, "
-        f"{event.provider}/{event.model} ({event.operation}) hashes to {computed[:12]}…",
+        f"model fingerprint mismatch: stored {short_fingerprint(event.model_fingerprint)}, "
+        f"{event.provider}/{event.model} ({event.operation}) hashes to "
+        f"{short_fingerprint(computed)}",
     )
 
 

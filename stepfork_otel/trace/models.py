@@ -300,11 +300,17 @@ def _outcome_index(trace: Trace) -> dict[str, OutcomeEvent]:
     return index
 
 
+def label(kind: str, name: str, provider: str | None = None, model: str | None = None) -> str:
+    """How a call is named everywhere people read it: ``tool <name>`` or
+    ``llm <provider>/<model>``."""
+    return f"llm {provider}/{model}" if kind == "llm" else f"tool {name}"
+
+
 def call_label(call: CallEvent) -> str:
-    """How a recorded call is named in reports: ``tool <name>`` or ``llm <provider>/<model>``."""
-    return (
-        f"llm {call.provider}/{call.model}" if isinstance(call, LlmRequest) else f"tool {call.name}"
-    )
+    """:func:`label` of a recorded call."""
+    if isinstance(call, LlmRequest):
+        return label("llm", call.model, call.provider, call.model)
+    return label("tool", call.name)
 
 
 def payload_value(text: str | None) -> Any:
