@@ -1,15 +1,21 @@
-"""``stepfork import FILE... [--trace-id ID] [-o DIR]``: rebuild bundles from spans a collector
-captured (OTLP JSON: the Collector's ``file`` exporter output, or OTLP/HTTP JSON request bodies).
+"""``stepfork import FILE... [--trace-id ID] [-o DIR] [--redaction-rules RULES]``: rebuild
+bundles from spans a collector captured (OTLP JSON: the Collector's ``file`` exporter output, or
+OTLP/HTTP JSON request bodies).
 
 One bundle per recorded run, written atomically as ``DIR/<trace_id>.sftrace`` the moment the last
 line holding spans of its trace has been read (the import streams; see
-``stepfork_otel.otel.otlp_json``). A second run in the same trace gets ``<trace_id>-<span_id>``,
+``stepfork_otel.trace.otlp``). A second run in the same trace gets ``<trace_id>-<span_id>``,
 as the bundle processor names it.
 
 Nothing is written silently incomplete: every bundle line says whether the run is complete, calls
 whose payload was left off the span (size cap, content capture off, an attribute length limit) are
 listed with what replay will do there (match an input by its fingerprint; stop at a missing
 result), and every line of the input that could not be read is named.
+
+The names of the application's own spans kept as context are redacted with the built-in rules, or
+with the recording process's rules given as ``--redaction-rules`` (the JSON file
+``stepfork_otel.trace.redaction.files`` describes): with the same rules, the imported bundle is the
+bundle the process wrote.
 
 Exit 0: every run imported whole. 1: something to look at (payloads missing, a run incomplete,
 lines skipped, nothing imported). 2: unreadable input (missing file, not OTLP JSON, a trace id
@@ -35,6 +41,8 @@ from stepfork_otel.trace.checks import missing_payloads
 from stepfork_otel.trace.errors import Problem
 from stepfork_otel.trace.models import LlmRequest, ToolCall, Trace
 from stepfork_otel.trace.otlp import ImportReport, OtlpImportError, iter_traces_from_otlp_json
+from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
+from stepfork_otel.trace.redaction.files import RedactionRulesError, load_redaction_rules
 
 #: Problems listed one by one before the rest are only counted.
 _MAX_PROBLEMS_SHOWN = 20
@@ -61,6 +69,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="DIR",
         default=".",
         help="directory for the bundles (default: the current directory)",
+    )
+    parser.add_argument(
+        "--redaction-rules",
+        metavar="RULES",
+        default=None,
+        help=(
+            "JSON file of the extra redaction rules the recording process used "
+            '({"keys": [...], "patterns": [{"name": ..., "regex": ...}]}); default: the '
+            "built-in rules"
+        ),
     )
     add_common_arguments(parser)
 
@@ -101,8 +119,18 @@ def run(args: argparse.Namespace) -> int:
     report = ImportReport()
     written: set[str] = set()
     attention = False
+    redactor = DEFAULT_REDACTOR
+    if args.redaction_rules is not None:
+        try:
+            redactor = load_redaction_rules(args.redaction_rules)
+        except RedactionRulesError as exc:
+            print_error(str(exc))
+            return EXIT_BAD_INPUT
     try:
-        for trace in iter_traces_from_otlp_json(args.files, trace_id=args.trace_id, report=report):
+        traces = iter_traces_from_otlp_json(
+            args.files, trace_id=args.trace_id, report=report, redactor=redactor
+        )
+        for trace in traces:
             path = _bundle_path(directory, trace, written)
             trace.save(path)
             state = style.green("complete") if trace.complete else style.red("INCOMPLETE")
