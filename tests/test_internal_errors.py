@@ -4,6 +4,7 @@ a call that cannot be recorded raises, because running it live would be a silent
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -429,3 +430,43 @@ def test_a_span_started_before_stepfork_failed_is_still_ended(
     assert HANDOFF.pending == 0
     (call,) = session.calls
     assert (call.action, call.status) == ("executed", "error")
+
+
+# --- the one internal-error path, in each of its spellings ---------------------------------------
+
+
+def test_the_decorator_raises_in_tests_and_logs_in_production(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @internal.handle_internal_errors("doing stepfork's own work")
+    def work(fail: bool) -> int:
+        return explode() if fail else 5
+
+    @internal.handle_internal_errors("doing async work")
+    async def async_work() -> int:
+        return explode()
+
+    assert work(False) == 5
+    with pytest.raises(Forced):  # tests re-raise: a bug cannot hide in a log
+        work(True)
+    monkeypatch.setattr(internal, "RAISE_INTERNAL_ERRORS", False)
+    with caplog.at_level("ERROR", logger="stepfork_otel"):
+        assert work(True) is None
+        assert asyncio.run(async_work()) is None
+    assert internal_errors(caplog) == [
+        "stepfork_otel internal error while doing stepfork's own work; the program continues",
+        "stepfork_otel internal error while doing async work; the program continues",
+    ]
+
+
+def test_strict_raises_even_in_production(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(internal, "RAISE_INTERNAL_ERRORS", False)
+
+    def look_up() -> None:
+        try:
+            explode()
+        except Forced:
+            internal.internal_error("looking something up", strict=True)
+
+    with pytest.raises(Forced):  # inside a replay session a failure to record is raised
+        look_up()

@@ -12,7 +12,8 @@ span -> event conversion and writes the bundle atomically:
 
 Design choices, and why:
 
-* It never raises into the program (every callback goes through ``handle_internal_errors``) and
+* It never raises into the program (every callback goes through ``handle_internal_errors``, as
+  decorator or block) and
   blocks on nothing but the bundle write itself, done in ``on_end`` of the root so the file exists
   when ``with record(...)`` returns. Instrumentation is suppressed while it writes.
 * Memory is bounded: at most ``max_open_traces`` traces and ``max_spans_per_trace`` buffered spans
@@ -272,43 +273,41 @@ class SftraceSpanProcessor(SpanProcessor):
         could start there; its end then goes the usual way.)"""
         return self.directory is None and span.parent is None and _kind(span) in k.BOUNDARY_KINDS
 
+    @handle_internal_errors("tracking a started span")
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        with handle_internal_errors("tracking a started span"):
-            ctx = span.get_span_context()
-            if ctx is None or self._shutdown:
-                return
-            if self._passes_through(span):
-                return
-            with self._lock:
-                entry = self._entry(ctx.trace_id)
-                if entry is None or entry.size() >= self.max_spans_per_trace:
-                    return  # counted as dropped when it ends
-                entry.open[ctx.span_id] = span
+        ctx = span.get_span_context()
+        if ctx is None or self._shutdown:
+            return
+        if self._passes_through(span):
+            return
+        with self._lock:
+            entry = self._entry(ctx.trace_id)
+            if entry is None or entry.size() >= self.max_spans_per_trace:
+                return  # counted as dropped when it ends
+            entry.open[ctx.span_id] = span
 
+    @handle_internal_errors("buffering a finished span")
     def on_end(self, span: ReadableSpan) -> None:
-        with handle_internal_errors("buffering a finished span"):
-            ctx = span.get_span_context()
-            if ctx is None:
+        ctx = span.get_span_context()
+        if ctx is None:
+            return
+        # a copy: another bundle processor may read them too (see PayloadHandoff)
+        payloads = self._handoff.read(ctx.span_id)
+        if self._shutdown:
+            return
+        kind = _kind(span)
+        is_local_root = _local_parent(span) is None
+        is_run = kind == k.KIND_RUN
+        jobs: list[_Job] = []
+        with self._lock:
+            if (
+                self._passes_through(span)
+                and ctx.trace_id not in self._traces  # (unless a call inside it opened one)
+                and (ctx.trace_id, None) not in self._destinations
+            ):
                 return
-            # a copy: another bundle processor may read them too (see PayloadHandoff)
-            payloads = self._handoff.read(ctx.span_id)
-            if self._shutdown:
-                return
-            kind = _kind(span)
-            is_local_root = _local_parent(span) is None
-            is_run = kind == k.KIND_RUN
-            jobs: list[_Job] = []
-            with self._lock:
-                if (
-                    self._passes_through(span)
-                    and ctx.trace_id not in self._traces  # (unless a call inside it opened one)
-                    and (ctx.trace_id, None) not in self._destinations
-                ):
-                    return
-                jobs = self._buffer(
-                    span, ctx.trace_id, ctx.span_id, payloads, is_run, is_local_root
-                )
-            self._write_all(jobs)
+            jobs = self._buffer(span, ctx.trace_id, ctx.span_id, payloads, is_run, is_local_root)
+        self._write_all(jobs)
 
     def _buffer(
         self,

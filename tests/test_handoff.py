@@ -1,0 +1,112 @@
+"""The payload hand-off between the boundaries and the bundle processors: one owned object, no
+module globals. Nothing is kept unless a processor listens and the span is recorded; every
+processor gets whole payloads; nothing stays pending after a run, after an ``on_end`` that
+raised, or after shutdown."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+import stepfork_otel._internal as internal
+from stepfork_otel import SftraceSpanProcessor, Trace, configure, record, trace_tool
+from stepfork_otel.config import CONFIG
+from stepfork_otel.recording.handoff import HANDOFF, PayloadHandoff
+from stepfork_otel.trace.payload import Payload
+
+BIG = "x" * 5000  # over the span payload cap set below: only the hand-off carries it whole
+
+
+@trace_tool
+def echo(text: str) -> str:
+    return text
+
+
+def test_nothing_is_kept_without_a_listener_or_for_an_unsampled_span() -> None:
+    handoff = PayloadHandoff()
+    payload = Payload.from_text('"a"')
+    recorded = TracerProvider().get_tracer("t").start_span("recorded")
+    unsampled = TracerProvider(sampler=ALWAYS_OFF).get_tracer("t").start_span("unsampled")
+    handoff.keep(recorded, "stepfork.input", payload)
+    assert handoff.pending == 0  # nobody listens
+    handoff.attach()
+    handoff.keep(unsampled, "stepfork.input", payload)
+    assert handoff.pending == 0  # no processor will ever see this span
+    handoff.keep(recorded, "stepfork.input", payload)
+    assert handoff.pending == 1
+    copy = handoff.read(recorded.get_span_context().span_id)
+    assert copy == {"stepfork.input": payload}
+    copy["stepfork.output"] = payload  # type: ignore[index]  # a copy: the kept entry is untouched
+    assert handoff.read(recorded.get_span_context().span_id) == {"stepfork.input": payload}
+    handoff.release(recorded)
+    assert handoff.pending == 0
+    handoff.keep(recorded, "stepfork.input", payload)
+    handoff.detach()  # the last listener leaves: what was kept is dropped
+    assert handoff.pending == 0
+    assert handoff.read(recorded.get_span_context().span_id) == {}
+
+
+def test_two_processors_on_one_provider_both_get_whole_payloads(tmp_path: Path) -> None:
+    provider = TracerProvider()
+    first = SftraceSpanProcessor(tmp_path / "first")
+    second = SftraceSpanProcessor(tmp_path / "second")
+    provider.add_span_processor(first)
+    provider.add_span_processor(second)
+    CONFIG.use_tracer_provider(provider)
+    CONFIG.update(max_span_payload_bytes=64)
+    try:
+        with trace_api.get_tracer("t", tracer_provider=provider).start_as_current_span("app"):
+            assert echo(BIG) == BIG
+        (a,) = (tmp_path / "first").glob("*.sftrace")
+        (b,) = (tmp_path / "second").glob("*.sftrace")
+        for path in (a, b):
+            (call,) = Trace.load(path).calls
+            assert call.input == f'{{"text":"{BIG}"}}'
+        assert a.read_bytes() == b.read_bytes()
+        assert HANDOFF.pending == 0
+    finally:
+        first.shutdown()
+        second.shutdown()
+
+
+def test_nothing_pending_after_a_run_and_after_shutdown(recording: object, tmp_path: Path) -> None:
+    configure(max_span_payload_bytes=64)
+    with record(tmp_path / "run.sftrace", input={"q": BIG}):
+        assert echo(BIG) == BIG
+        assert HANDOFF.pending == 1  # the run's input: kept until the run span ends
+    assert HANDOFF.pending == 0
+    assert Trace.load(tmp_path / "run.sftrace").calls[0].input == f'{{"text":"{BIG}"}}'
+
+    processor = configure(directory=tmp_path / "d")  # replaces (shuts down) the last one
+    processor.shutdown()
+    with record(tmp_path / "after.sftrace"):
+        echo("no processor listens any more")
+        assert HANDOFF.pending == 0
+
+
+class _Failing(SpanProcessor):
+    def on_end(self, span: ReadableSpan) -> None:
+        raise RuntimeError("a processor of the application fails")
+
+
+def test_nothing_pending_after_an_on_end_that_raised(
+    recording: object,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(internal, "RAISE_INTERNAL_ERRORS", False)  # as in production
+    provider = TracerProvider()
+    configure(directory=tmp_path / "traces", tracer_provider=provider)
+    provider.add_span_processor(_Failing())  # after ours: the SDK lets its exception through
+    with caplog.at_level(logging.ERROR, logger="stepfork_otel"):
+        assert echo("hi") == "hi"  # the user's call is not broken by it
+    assert HANDOFF.pending == 0
+    assert "internal error while ending a boundary span" in caplog.text
+    (bundle,) = (tmp_path / "traces").glob("*.sftrace")  # ours ran before it: the bundle is there
+    assert Trace.load(bundle).calls[0].input == '{"text":"hi"}'
