@@ -347,7 +347,7 @@ def _breakdown(
     rows.append(
         [
             "everything else = call - span - binding - capture (call numbering, context, extra "
-            "span API calls, side channel, replay check, wrappers)",
+            "span API calls, hand-off, replay check, wrappers)",
             fmt_us(rest),
             f"{rest / bare_span:.2f}x",
         ]
@@ -434,7 +434,7 @@ def run(quick: bool = False) -> str:
             'when the call returns). "if redaction cost nothing": the same stepfork calls with '
             "redaction replaced by a no-op, against the bare span -- the floor that no faster "
             'redaction could go below. "no processors": both sides on a provider with no span '
-            "processor (stepfork's side channel off, as when no bundle processor listens).",
+            "processor (stepfork's hand-off off, as when no bundle processor listens).",
             "",
         ]
         for size, (bare_span, call) in zip(SIZES, medians, strict=True):

@@ -561,7 +561,7 @@ def test_attribute_length_limit_truncates_spans_never_the_bundle(
     assert full.startswith(a[k.OUTPUT])
     assert a[k.OUTPUT_SHA256] == sha(full)
 
-    local = Trace.load(path)  # the local bundle holds everything whole (side channel)
+    local = Trace.load(path)  # the local bundle holds everything whole (hand-off)
     assert local.events[1].output == full  # type: ignore[union-attr]
     assert local.run.input == canonical_json({"long": "y" * 200})
     error = local.events[-1]
@@ -569,7 +569,7 @@ def test_attribute_length_limit_truncates_spans_never_the_bundle(
     assert error.message == "m" * 300
     assert verify_integrity(local) == []
 
-    # the same spans as a collector received them: no side channel
+    # the same spans as a collector received them: no hand-off
     exported = to_trace([span_record(s) for s in spans])
     result = exported.events[1]
     assert isinstance(result, ToolResult)

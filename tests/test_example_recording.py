@@ -158,7 +158,7 @@ def test_bundle(recording: Recording, failure: Path) -> None:
 
 
 def test_exported_spans_rebuild_the_same_bundle(recording: Recording, failure: Path) -> None:
-    """The one conversion: the exporter's copy of the spans (no side channel) gives the bundle
+    """The one conversion: the exporter's copy of the spans (no hand-off) gives the bundle
     byte for byte, since nothing was cut or left off the spans."""
     rebuilt = to_trace([span_record(s) for s in recording.exporter.get_finished_spans()])
     assert dump_trace(rebuilt) == failure.read_bytes()

@@ -32,23 +32,29 @@ def test_nothing_is_kept_without_a_listener_or_for_an_unsampled_span() -> None:
     payload = Payload.from_text('"a"')
     recorded = TracerProvider().get_tracer("t").start_span("recorded")
     unsampled = TracerProvider(sampler=ALWAYS_OFF).get_tracer("t").start_span("unsampled")
-    handoff.keep(recorded, "stepfork.input", payload)
-    assert handoff.pending == 0  # nobody listens
+    assert handoff.kept_id(recorded) is None  # nobody listens
+    handoff.keep_for(recorded, "stepfork.input", payload)
+    assert handoff.pending == 0
     handoff.attach()
-    handoff.keep(unsampled, "stepfork.input", payload)
-    assert handoff.pending == 0  # no processor will ever see this span
-    handoff.keep(recorded, "stepfork.input", payload)
+    assert handoff.kept_id(unsampled) is None  # no processor will ever see this span
+    handoff.keep_for(unsampled, "stepfork.input", payload)
+    assert handoff.pending == 0
+    span_id = handoff.kept_id(recorded)
+    assert span_id == recorded.get_span_context().span_id
+    handoff.keep(span_id, "stepfork.input", payload)
     assert handoff.pending == 1
-    copy = handoff.read(recorded.get_span_context().span_id)
+    copy = handoff.read(span_id)
     assert copy == {"stepfork.input": payload}
     copy["stepfork.output"] = payload  # type: ignore[index]  # a copy: the kept entry is untouched
-    assert handoff.read(recorded.get_span_context().span_id) == {"stepfork.input": payload}
-    handoff.release(recorded)
+    assert handoff.read(span_id) == {"stepfork.input": payload}
+    handoff.release(span_id)
     assert handoff.pending == 0
-    handoff.keep(recorded, "stepfork.input", payload)
+    handoff.keep(span_id, "stepfork.input", payload)
     handoff.detach()  # the last listener leaves: what was kept is dropped
     assert handoff.pending == 0
-    assert handoff.read(recorded.get_span_context().span_id) == {}
+    assert handoff.read(span_id) == {}
+    handoff.keep(span_id, "stepfork.input", payload)  # kept by nobody once nobody listens
+    assert handoff.pending == 0
 
 
 def test_two_processors_on_one_provider_both_get_whole_payloads(tmp_path: Path) -> None:

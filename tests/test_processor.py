@@ -188,9 +188,7 @@ def test_force_flush_writes_an_incomplete_snapshot_then_the_whole_run(
     assert [e.type for e in snapshot.events] == ["tool_call", "tool_result", "tool_call"]
     open_call = snapshot.calls[1]
     assert snapshot.outcome_of(open_call) is None  # the call still running has no outcome
-    assert (
-        open_call.input == '{"note":"' + "n" * 200 + '","step":1}'
-    )  # whole, from the side channel
+    assert open_call.input == '{"note":"' + "n" * 200 + '","step":1}'  # whole, from the hand-off
     assert snapshot.run.input == '{"q":"flush"}'
     assert validate_structure(snapshot) == []
     final = Trace.load(path)
@@ -405,7 +403,7 @@ def test_with_a_directory_a_lone_call_keeps_its_payloads_whole(recording: Record
 
 
 def test_two_bundle_processors_on_one_provider_both_get_whole_payloads(tmp_path: Path) -> None:
-    """The side channel is read by every processor; the boundary drops it once the span ended."""
+    """The hand-off is read by every processor; the boundary drops it once the span ended."""
     provider = TracerProvider()
     first = SftraceSpanProcessor(tmp_path / "a")
     second = SftraceSpanProcessor(tmp_path / "b")

@@ -1,1 +1,2 @@
-"""OpenTelemetry glue: span <-> event conversion, the bundle processor, set-up, OTLP import."""
+"""The OpenTelemetry SDK side: the bundle processor (when) and writer (where), set-up, ``record()``,
+the OTLP file exporter."""

@@ -12,8 +12,7 @@ span -> event conversion and writes the bundle atomically:
 
 Design choices, and why:
 
-* It never raises into the program (every callback goes through ``handle_internal_errors``, as
-  decorator or block) and
+* It never raises into the program (every callback goes through ``handle_internal_errors``) and
   blocks on nothing but the bundle write itself, done in ``on_end`` of the root so the file exists
   when ``with record(...)`` returns. Instrumentation is suppressed while it writes.
 * Memory is bounded: at most ``max_open_traces`` traces and ``max_spans_per_trace`` buffered spans
@@ -24,7 +23,8 @@ Design choices, and why:
 * ``force_flush`` writes a snapshot of every open run (and of boundary spans outside runs, when a
   directory is configured), marked incomplete; the run keeps being buffered and its final bundle
   replaces the snapshot when it ends. ``shutdown`` flushes and then stops.
-* Full payloads come from the boundaries through an in-process side channel, so a payload left
+* Full payloads come from the boundaries through the in-process hand-off
+  (:class:`~stepfork_otel.recording.handoff.PayloadHandoff`), so a payload left
   off the span (size cap, capture off) or cut by an ``OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT`` is still
   whole in the local bundle.
 """
@@ -273,41 +273,43 @@ class SftraceSpanProcessor(SpanProcessor):
         could start there; its end then goes the usual way.)"""
         return self.directory is None and span.parent is None and _kind(span) in k.BOUNDARY_KINDS
 
-    @handle_internal_errors("tracking a started span")
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        ctx = span.get_span_context()
-        if ctx is None or self._shutdown:
-            return
-        if self._passes_through(span):
-            return
-        with self._lock:
-            entry = self._entry(ctx.trace_id)
-            if entry is None or entry.size() >= self.max_spans_per_trace:
-                return  # counted as dropped when it ends
-            entry.open[ctx.span_id] = span
-
-    @handle_internal_errors("buffering a finished span")
-    def on_end(self, span: ReadableSpan) -> None:
-        ctx = span.get_span_context()
-        if ctx is None:
-            return
-        # a copy: another bundle processor may read them too (see PayloadHandoff)
-        payloads = self._handoff.read(ctx.span_id)
-        if self._shutdown:
-            return
-        kind = _kind(span)
-        is_local_root = _local_parent(span) is None
-        is_run = kind == k.KIND_RUN
-        jobs: list[_Job] = []
-        with self._lock:
-            if (
-                self._passes_through(span)
-                and ctx.trace_id not in self._traces  # (unless a call inside it opened one)
-                and (ctx.trace_id, None) not in self._destinations
-            ):
+        with handle_internal_errors("tracking a started span"):
+            ctx = span.get_span_context()
+            if ctx is None or self._shutdown:
                 return
-            jobs = self._buffer(span, ctx.trace_id, ctx.span_id, payloads, is_run, is_local_root)
-        self._write_all(jobs)
+            if self._passes_through(span):
+                return
+            with self._lock:
+                entry = self._entry(ctx.trace_id)
+                if entry is None or entry.size() >= self.max_spans_per_trace:
+                    return  # counted as dropped when it ends
+                entry.open[ctx.span_id] = span
+
+    def on_end(self, span: ReadableSpan) -> None:
+        with handle_internal_errors("buffering a finished span"):
+            ctx = span.get_span_context()
+            if ctx is None:
+                return
+            # a copy: another bundle processor may read them too (see PayloadHandoff)
+            payloads = self._handoff.read(ctx.span_id)
+            if self._shutdown:
+                return
+            kind = _kind(span)
+            is_local_root = _local_parent(span) is None
+            is_run = kind == k.KIND_RUN
+            jobs: list[_Job] = []
+            with self._lock:
+                if (
+                    self._passes_through(span)
+                    and ctx.trace_id not in self._traces  # (unless a call inside it opened one)
+                    and (ctx.trace_id, None) not in self._destinations
+                ):
+                    return
+                jobs = self._buffer(
+                    span, ctx.trace_id, ctx.span_id, payloads, is_run, is_local_root
+                )
+            self._write_all(jobs)
 
     def _buffer(
         self,

@@ -85,10 +85,10 @@ class RunRecorder:
     # -- context manager -------------------------------------------------------------------------
 
     def __enter__(self) -> RunRecorder:
-        with handle_internal_errors("starting a run"):
-            self._start()
+        self._start()
         return self
 
+    @handle_internal_errors("starting a run")
     def _start(self) -> None:
         processor = None
         with handle_internal_errors("attaching the bundle processor"):

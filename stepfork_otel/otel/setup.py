@@ -108,7 +108,7 @@ def configure(
                 current.max_spans_per_trace = max_spans_per_trace
             return current
         if current is not None:
-            current.shutdown()  # detaches from the side channel; the provider keeps a no-op
+            current.shutdown()  # detaches from the hand-off; the provider keeps a no-op
         processor = SftraceSpanProcessor(
             directory,
             max_open_traces=1000 if max_open_traces is None else max_open_traces,

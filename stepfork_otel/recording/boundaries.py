@@ -70,6 +70,8 @@ class _Prepared:
     attributes: dict[str, Any]
     session: Replayer | None
     """The replay session the call is made in (None: recording)."""
+    kept: int | None = None
+    """The span id its payloads are kept under in the hand-off (None: nothing is kept)."""
 
 
 def _captured_input(value: Any) -> tuple[Payload, Replayer | None]:
@@ -161,21 +163,23 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
     except Exception:
         if span is not None:  # started, then something failed: end it, nothing runs in it
             with contextlib.suppress(Exception):  # (logged there; the first failure is raised)
-                _close_span(span, token)
+                _close_span(span, token, None)
         internal_error("opening a boundary span", strict=_in_replay())
         return None
     try:
-        HANDOFF.keep(span, k.INPUT, prepared.call.input)
+        prepared.kept = kept = HANDOFF.kept_id(span)
+        if kept is not None:
+            HANDOFF.keep(kept, k.INPUT, prepared.call.input)
     except Exception:
         internal_error("handing the call input to the bundle processor")
     return span, token
 
 
-def _close_span(span: Span, token: object | None) -> None:
+def _close_span(span: Span, token: object | None, kept: int | None) -> None:
     try:
         if token is not None:
             context_api.detach(token)  # type: ignore[arg-type]
-        end_span(span)
+        end_span(span, kept)
     except Exception:
         internal_error("ending a boundary span")
 
@@ -224,7 +228,7 @@ def _record_refusal(prepared: _Prepared, exc: BaseException) -> None:
             record_failure(span, exc)
             span.set_attribute(k.STATUS, k.STATUS_SKIPPED)
     finally:
-        _close_span(span, token)
+        _close_span(span, token, prepared.kept)
 
 
 def _open_decided(
@@ -241,10 +245,10 @@ def _open_decided(
         raise
 
 
-def _substituted(span: Span, decision: ReplayDecision) -> Any:
+def _substituted(span: Span, prepared: _Prepared, decision: ReplayDecision) -> Any:
     """The recorded result of a substituted call (its attributes went on the span at start)."""
-    if decision.output is not None:
-        HANDOFF.keep(span, k.OUTPUT, decision.output)
+    if decision.output is not None and prepared.kept is not None:
+        HANDOFF.keep(prepared.kept, k.OUTPUT, decision.output)
     if decision.error is not None:
         record_failure(span, decision.error)
         raise decision.error
@@ -262,7 +266,8 @@ def _finish_ok(
         if prepared.call.kind == "llm":
             attributes.update(usage_attributes(result))
         span.set_attributes(attributes)
-        HANDOFF.keep(span, k.OUTPUT, payload)
+        if prepared.kept is not None:
+            HANDOFF.keep(prepared.kept, k.OUTPUT, payload)
     except Exception:
         internal_error("recording a call output")
     if decision is not None:
@@ -286,7 +291,7 @@ def _run_sync(prepared: _Prepared | None, body: Callable[[], R]) -> R:
     span, token = opened
     try:
         if decision is not None and decision.substituted:
-            return typing.cast(R, _substituted(span, decision))
+            return typing.cast(R, _substituted(span, prepared, decision))
         try:
             result = body()
         except BaseException as exc:
@@ -295,7 +300,7 @@ def _run_sync(prepared: _Prepared | None, body: Callable[[], R]) -> R:
         _finish_ok(span, prepared, result, decision)
         return result
     finally:
-        _close_span(span, token)
+        _close_span(span, token, prepared.kept)
 
 
 async def _run_async(prepared: _Prepared | None, body: Callable[[], Awaitable[R]]) -> R:
@@ -308,7 +313,7 @@ async def _run_async(prepared: _Prepared | None, body: Callable[[], Awaitable[R]
     span, token = opened
     try:
         if decision is not None and decision.substituted:
-            return typing.cast(R, _substituted(span, decision))
+            return typing.cast(R, _substituted(span, prepared, decision))
         try:
             result = await body()
         except BaseException as exc:
@@ -317,7 +322,7 @@ async def _run_async(prepared: _Prepared | None, body: Callable[[], Awaitable[R]
         _finish_ok(span, prepared, result, decision)
         return result
     finally:
-        _close_span(span, token)
+        _close_span(span, token, prepared.kept)
 
 
 # --- public API ----------------------------------------------------------------------------------

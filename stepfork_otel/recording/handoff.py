@@ -12,8 +12,9 @@ One object with one owner, and every access to what it keeps under its lock:
   :meth:`~PayloadHandoff.detach` es on shutdown; it :meth:`~PayloadHandoff.read` s a *copy* of a
   span's payloads in ``on_end`` (or while flushing an open span), so two processors on one
   provider both get them whole;
-* a boundary :meth:`~PayloadHandoff.keep` s a payload (nothing is kept while no processor
-  listens, or for a span a sampler dropped: that one never reaches a processor) and
+* a boundary asks once per call under which id to keep its span's payloads
+  (:meth:`~PayloadHandoff.kept_id`: None while no processor listens, or for a span a sampler
+  dropped -- that one never reaches a processor), :meth:`~PayloadHandoff.keep` s them, and
   :meth:`~PayloadHandoff.release` s the span's entry once ``span.end()`` returned -- by then every
   processor's ``on_end`` has run, whether it returned or raised.
 
@@ -65,26 +66,30 @@ class PayloadHandoff:
 
     # -- boundaries ------------------------------------------------------------------------------
 
-    @property
-    def listening(self) -> bool:
-        return self._listeners > 0
-
-    def keep(self, span: Span, key: str, payload: Payload) -> None:
-        """Keep ``payload`` under ``key`` for ``span``, if a processor listens and the span is
-        recorded."""
+    def kept_id(self, span: Span) -> int | None:
+        """The id under which ``span``'s payloads are kept, or None when nothing is kept for it:
+        no processor listens, or a sampler dropped the span (it never reaches a processor, and
+        keeping its payloads would only leak them). A boundary asks once per call."""
         if not self._listeners or not span.is_recording():  # (an int read: no lock needed)
-            return
-        span_id = span.get_span_context().span_id
+            return None
+        return span.get_span_context().span_id
+
+    def keep(self, span_id: int, key: str, payload: Payload) -> None:
+        """Keep ``payload`` under ``key`` for the span ``span_id`` (see :meth:`kept_id`)."""
         with self._lock:
             if self._listeners:
                 self._kept.setdefault(span_id, {})[key] = payload
 
-    def release(self, span: Span) -> None:
-        """Drop what was kept for ``span`` (call once it has ended)."""
-        span_id = span.get_span_context().span_id
+    def keep_for(self, span: Span, key: str, payload: Payload) -> None:
+        """:meth:`keep` for a span whose :meth:`kept_id` was not asked yet."""
+        span_id = self.kept_id(span)
+        if span_id is not None:
+            self.keep(span_id, key, payload)
+
+    def release(self, span_id: int) -> None:
+        """Drop what was kept for the span ``span_id`` (call once it has ended)."""
         with self._lock:
-            if self._kept:
-                self._kept.pop(span_id, None)
+            self._kept.pop(span_id, None)
 
     @property
     def pending(self) -> int:

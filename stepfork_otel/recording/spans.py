@@ -81,17 +81,14 @@ def span_payload_attributes(key: str, payload: Payload) -> dict[str, Any]:
     :func:`~stepfork_otel.trace.payload.payload_attributes`)."""
     settings = CONFIG.settings
     return payload_attributes(
-        key,
-        payload,
-        capture_content=settings.capture_content,
-        max_bytes=settings.max_span_payload_bytes,
+        key, payload, settings.capture_content, settings.max_span_payload_bytes
     )
 
 
 def write_payload(span: Span, key: str, payload: Payload) -> None:
     """Write a payload on a span and hand it, whole, to the bundle processors."""
     span.set_attributes(span_payload_attributes(key, payload))
-    HANDOFF.keep(span, key, payload)
+    HANDOFF.keep_for(span, key, payload)
 
 
 def record_failure(span: Span, exc: BaseException) -> None:
@@ -101,7 +98,7 @@ def record_failure(span: Span, exc: BaseException) -> None:
     raw message (secrets included) and the traceback onto the span."""
     error_type = qualified_name(type(exc))
     message = exception_message(exc, CONFIG.settings.redactor)
-    HANDOFF.keep(span, k.ERROR_MESSAGE, Payload.from_text(message))  # whole, past length limits
+    HANDOFF.keep_for(span, k.ERROR_MESSAGE, Payload.from_text(message))  # whole, past limits
     span.set_attribute(k.STATUS, k.STATUS_ERROR)
     span.set_attribute(k.ERROR_TYPE, error_type)
     span.set_attribute(k.ERROR_MESSAGE, message)
@@ -109,14 +106,21 @@ def record_failure(span: Span, exc: BaseException) -> None:
     span.set_status(Status(StatusCode.ERROR, f"{error_type}: {message}"))
 
 
-def end_span(span: Span) -> None:
+_ASK: Any = object()
+
+
+def end_span(span: Span, kept_id: int | None = _ASK) -> None:
     """End a span that stepfork opened, then release its hand-off entry: by then every
     processor has read it (the SDK calls ``on_end`` before ``end`` returns), whether ``on_end``
-    returned or raised."""
+    returned or raised. ``kept_id``: the span's :meth:`~PayloadHandoff.kept_id`, when the caller
+    asked it already (None: nothing is kept for this span)."""
+    if kept_id is _ASK:
+        kept_id = HANDOFF.kept_id(span)  # before the end: an ended span is no longer recording
     try:
         span.end()
     finally:
-        HANDOFF.release(span)
+        if kept_id is not None:
+            HANDOFF.release(kept_id)
 
 
 def _field(value: Any, name: str) -> Any:

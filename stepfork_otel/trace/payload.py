@@ -94,7 +94,7 @@ def qualified_name(cls: type) -> str:
 
 
 def payload_attributes(
-    key: str, payload: Payload, *, capture_content: bool, max_bytes: int
+    key: str, payload: Payload, capture_content: bool, max_bytes: int
 ) -> dict[str, Any]:
     """The span attributes of the input (``key`` = ``stepfork.input``) or output payload: text,
     fingerprint and size, or -- over ``max_bytes`` or with content capture off -- fingerprint,
