@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from stepfork_otel.constants import REPORT_PREVIEW_CHARS
 from stepfork_otel.replay.errors import ReplayError, preview
 from stepfork_otel.replay.session import ReplayedCall
 from stepfork_otel.trace.canonical import UnserialisableError, canonical_json
@@ -33,9 +34,6 @@ __all__ = [
     "assert_tool_order",
     "assert_tool_sequence",
 ]
-
-#: Characters of a call's arguments shown per line of a trajectory.
-_ARGS_CHARS = 100
 
 
 class Replay(Protocol):
@@ -61,10 +59,9 @@ def trajectory(replay: Replay) -> str:
     for call in calls:
         what = call.action + (" (raised)" if call.status == "error" else "")
         if call.kind == "tool":
-            lines.append(
-                f"  {call.position:>3}. tool {call.name} {preview(call.input, _ARGS_CHARS)} [{what}]"
-            )
-        else:
+            shown = preview(call.input, REPORT_PREVIEW_CHARS)
+            lines.append(f"  {call.position:>3}. {call.label} {shown} [{what}]")
+        else:  # "llm " padded to the width of "tool", so the names line up
             lines.append(f"  {call.position:>3}. llm  {call.provider}/{call.model} [{what}]")
     return "\n".join(lines)
 

@@ -124,19 +124,16 @@ def stepfork_replay(request: pytest.FixtureRequest) -> ReplaySession:
 
 
 def replay_report(session: ReplaySession, verbose: bool, raised: BaseException | None) -> str:
-    """The failure message of a replay test: the same matching report as ``stepfork replay``."""
-    from stepfork_otel.cli._common import Style
-    from stepfork_otel.cli.outcome import describe_exception
-    from stepfork_otel.cli.report import matching_headline, matching_section
+    """The failure message of a replay test: a line naming the bundle, then the matching report
+    ``stepfork replay`` prints (:func:`stepfork_otel.replay.report.format_report`)."""
     from stepfork_otel.replay.errors import ReplayError
+    from stepfork_otel.replay.outcome import describe_exception
+    from stepfork_otel.replay.report import format_report
 
-    result = session.summary
-    recorded = len(session.trace.calls)
     where = f"{Path(session.source).name} " if session.source else ""
     lines = [
         f"stepfork replay of {where}(mode {session.mode.value}) diverged from the recording",
-        "Dependency-call matching: " + matching_headline(result, recorded),
-        *matching_section(result, Style(None, enabled=False), verbose),
+        format_report(session.summary, len(session.trace.calls), verbose=verbose),
     ]
     if raised is not None and not isinstance(raised, ReplayError):
         lines.append(f"the test then raised {describe_exception(raised)}")
@@ -236,8 +233,8 @@ def expect_recorded_failure(error_type: str) -> Iterator[None]:
     :class:`RecordedDependencyError` replaying a dependency's recorded ``error_type``. Only the
     type is compared (``__main__`` tolerated), not the message or side effects. A divergence is
     re-raised so the plugin reports it."""
-    from stepfork_otel.cli.outcome import describe_exception, raised_type_names, same_type_name
     from stepfork_otel.replay.errors import RecordedDependencyError, ReplayError
+    from stepfork_otel.replay.outcome import describe_exception, reproduces_failure, same_type_name
 
     try:
         yield
@@ -248,7 +245,7 @@ def expect_recorded_failure(error_type: str) -> Iterator[None]:
     except ReplayError:
         raise
     except Exception as exc:
-        if any(same_type_name(error_type, name) for name in raised_type_names(exc)):
+        if reproduces_failure(error_type, exc):
             return
         pytest.fail(
             f"the recorded run failed with {error_type}; this run raised {describe_exception(exc)}",
@@ -263,16 +260,16 @@ def expect_recorded_failure(error_type: str) -> Iterator[None]:
 def assert_recorded_output(output: Any, recorded_sha256: str, recorded: str | None = None) -> None:
     """The replayed return value, redacted and canonicalised as recording does, must have the
     recorded output fingerprint. ``recorded`` (the recorded canonical JSON) is only shown."""
-    from stepfork_otel.cli._common import abbreviate, preview
-    from stepfork_otel.config import CONFIG
-    from stepfork_otel.trace.payload import capture
+    from stepfork_otel.replay.outcome import output_payload
+    from stepfork_otel.replay.report import report_preview
+    from stepfork_otel.trace.canonical import short_fingerprint
 
-    payload = capture(output, CONFIG.settings.redactor)
+    payload = output_payload(output)
     if payload.sha256 == recorded_sha256:
         return
     pytest.fail(
         "the output differs from the recorded run output\n"
-        f"  recorded: {preview(recorded)}  sha256 {abbreviate(recorded_sha256)}\n"
-        f"  this run: {preview(payload.text)}  sha256 {abbreviate(payload.sha256)}",
+        f"  recorded: {report_preview(recorded)}  sha256 {short_fingerprint(recorded_sha256)}\n"
+        f"  this run: {report_preview(payload.text)}  sha256 {short_fingerprint(payload.sha256)}",
         pytrace=False,
     )

@@ -1,5 +1,6 @@
 """The outcome comparison shared by ``stepfork replay``, exported tests and the plugin, and the
-small formatting helpers of ``cli/_common.py`` (in-process: pure functions)."""
+small formatting helpers of ``cli/_common.py`` and ``replay/report.py`` (in-process: pure
+functions)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import pytest
 
 from examples.booking_agent import SeatUnavailableError
 from stepfork_otel import RecordedDependencyError, ReplayPolicyError, RunInfo, fingerprint
-from stepfork_otel.cli._common import abbreviate, abbreviate_in_data, abbreviate_in_text
-from stepfork_otel.cli.outcome import compare_outcome, same_type_name
+from stepfork_otel.cli._common import abbreviate, abbreviate_in_data
 from stepfork_otel.pytest_plugin import assert_recorded_output, expect_recorded_failure
+from stepfork_otel.replay.outcome import compare_outcome, same_type_name
+from stepfork_otel.replay.report import abbreviate_in_text
 
 FAILED = RunInfo(status="error", error_type="SeatUnavailableError")
 RETURNED = RunInfo(status="ok", output='"done"', output_sha256=fingerprint("done"))

@@ -4,6 +4,9 @@ fingerprint abbreviation, colour and progress on a terminal, and resolving a tru
 Why one module: the commands must fail the same way (one line on stderr naming the problem, exit
 2, a traceback only with ``--verbose``), and a user reading two commands' output must see
 fingerprints, previews and colours written the same way. ``import_cmd`` (issue 5) uses it too.
+Fingerprints are shortened by :func:`~stepfork_otel.trace.canonical.short_fingerprint` and payloads
+previewed by :func:`~stepfork_otel.replay.report.report_preview`, the spellings the pytest plugin
+uses as well.
 
 Only the standard library is used: the command is a thin layer over the package, and a colour or
 CLI framework would be a dependency for a few escape codes.
@@ -15,16 +18,15 @@ import argparse
 import importlib
 import inspect
 import os
-import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from stepfork_otel.replay.errors import preview as cut
+from stepfork_otel.replay.report import abbreviate_in_text
 from stepfork_otel.trace.bundle import load_trace
-from stepfork_otel.trace.canonical import canonical_json
+from stepfork_otel.trace.canonical import canonical_json, short_fingerprint
 from stepfork_otel.trace.errors import BundleError
 from stepfork_otel.trace.models import CallEvent, LlmRequest, Trace, payload_value
 
@@ -34,14 +36,6 @@ EXIT_OK = 0
 EXIT_DIFFERENT = 1
 #: Bad input: unreadable bundle, bad option, unresolvable entrypoint.
 EXIT_BAD_INPUT = 2
-
-#: Hex characters kept when a fingerprint is abbreviated.
-FINGERPRINT_CHARS = 12
-#: Characters of a payload shown in a preview (``--verbose`` shows more).
-PREVIEW_CHARS = 100
-VERBOSE_PREVIEW_CHARS = 2000
-
-_SHA256 = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 
 
 class CliError(Exception):
@@ -75,19 +69,8 @@ def load_bundle(path: str | os.PathLike[str]) -> Trace:
 
 
 def abbreviate(fingerprint: str | None, verbose: bool = False) -> str:
-    """A SHA-256 hex digest as shown to people: 12 characters and an ellipsis unless verbose."""
-    if fingerprint is None:
-        return "-"
-    if verbose or len(fingerprint) <= FINGERPRINT_CHARS:
-        return fingerprint
-    return fingerprint[:FINGERPRINT_CHARS] + "…"
-
-
-def abbreviate_in_text(text: str, verbose: bool = False) -> str:
-    """Every SHA-256 hex digest inside ``text`` abbreviated (e.g. a ``ReplayError`` message)."""
-    if verbose:
-        return text
-    return _SHA256.sub(lambda m: abbreviate(m.group(0)), text)
+    """A SHA-256 hex digest as shown to people (:func:`short_fingerprint`), ``-`` for none."""
+    return short_fingerprint(fingerprint, verbose=verbose, missing="-")
 
 
 def abbreviate_in_data(data: Any, verbose: bool = False) -> Any:
@@ -101,12 +84,6 @@ def abbreviate_in_data(data: Any, verbose: bool = False) -> Any:
     if isinstance(data, (list, tuple)):
         return [abbreviate_in_data(v) for v in data]
     return data
-
-
-def preview(text: str | None, verbose: bool = False, limit: int | None = None) -> str:
-    """A payload's text cut to one readable line (``…`` marks the cut)."""
-    limit = limit or (VERBOSE_PREVIEW_CHARS if verbose else PREVIEW_CHARS)
-    return cut(None if text is None else text.replace("\n", "\\n"), limit)
 
 
 def format_duration(ns: int) -> str:

@@ -24,10 +24,10 @@ from stepfork_otel.cli._common import (
     abbreviate,
     add_common_arguments,
     load_bundle,
-    preview,
 )
-from stepfork_otel.cli.outcome import same_type_name
 from stepfork_otel.replay.errors import first_difference
+from stepfork_otel.replay.outcome import same_type_name
+from stepfork_otel.replay.report import report_preview
 from stepfork_otel.trace.canonical import stored_or_sha256
 from stepfork_otel.trace.models import (
     ErrorEvent,
@@ -71,7 +71,7 @@ def _payload_difference(
     lines = []
     for side, (label, text, sha) in (("A", a), ("B", b)):
         lines.append(f"{side}: {label}  sha256 {abbreviate(sha, verbose)}")
-        lines.append(f"   {preview(text, verbose)}")
+        lines.append(f"   {report_preview(text, verbose)}")
     if a[1] is not None and b[1] is not None:
         lines.extend(first_difference(a[1], b[1], labels=("A", "B")))
     return Difference(where, what, lines)

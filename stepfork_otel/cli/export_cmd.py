@@ -39,9 +39,9 @@ from stepfork_otel.cli._common import (
     recorded_arguments,
     resolve_entrypoint,
 )
-from stepfork_otel.cli.outcome import recorded_output_sha256
+from stepfork_otel.replay.outcome import recorded_output_sha256
 from stepfork_otel.trace.bundle import bundle_stem
-from stepfork_otel.trace.models import CallEvent, LlmRequest, ToolCall, Trace
+from stepfork_otel.trace.models import CallEvent, ToolCall, Trace, call_label
 from stepfork_otel.trace.policy import ReplayPolicy
 from stepfork_otel.trace.redaction import holds_marker
 
@@ -168,10 +168,6 @@ def _needs_approval(trace: Trace) -> list[CallEvent]:
     return [
         c for c in trace.calls if c.replay_policy in (ReplayPolicy.FORBIDDEN, ReplayPolicy.MANUAL)
     ]
-
-
-def _label(call: CallEvent) -> str:
-    return f"llm {call.provider}/{call.model}" if isinstance(call, LlmRequest) else call.name
 
 
 def render_test(
@@ -355,8 +351,9 @@ def run(args: argparse.Namespace) -> int:
             )
     for call in _needs_approval(trace):
         if call.id not in args.approve:
+            named = call_label(call).removeprefix("tool ")  # a tool by its bare name
             print(
-                f"stepfork: note: {call.id} ({_label(call)}) has replay policy "
+                f"stepfork: note: {call.id} ({named}) has replay policy "
                 f"'{call.replay_policy.value}': the exported test fails at it unless approved "
                 f"with --approve {call.id}",
                 file=sys.stderr,

@@ -5,7 +5,8 @@ The report has three separate parts, because they answer different questions and
 different reasons: (1) what the entrypoint did (returned / raised what), (2) whether every
 dependency call matched the recording (per call: substituted / executed / rejected, and the first
 divergence in full), (3) whether the outcome matches the recorded one (MATCHED / DIVERGED / NOT
-RECORDED / REPRODUCED FAILURE; see :mod:`stepfork_otel.cli.outcome`).
+RECORDED / REPRODUCED FAILURE; see :mod:`stepfork_otel.replay.outcome`). Part 2 is
+:func:`stepfork_otel.replay.report.format_report`, the text a failing replay test shows too.
 
 Exit codes: 0 matched (or reproduced the recorded failure), 1 diverged, 2 bad input.
 
@@ -34,26 +35,29 @@ from stepfork_otel.cli._common import (
     Style,
     abbreviate,
     abbreviate_in_data,
-    abbreviate_in_text,
     add_common_arguments,
     call_input_text,
     call_text,
     check_arguments,
     is_terminal,
     load_bundle,
-    preview,
     recorded_arguments,
     resolve_entrypoint,
 )
-from stepfork_otel.cli.outcome import OutcomeComparison, compare_outcome, describe_exception
-from stepfork_otel.cli.report import matching_data, matching_headline, matching_section
 from stepfork_otel.replay.errors import (
     RecordedDependencyError,
     ReplayError,
     ReplayModeError,
     ReplayPolicyError,
 )
+from stepfork_otel.replay.outcome import OutcomeComparison, compare_outcome, describe_exception
 from stepfork_otel.replay.plan import RecordedCall
+from stepfork_otel.replay.report import (
+    abbreviate_in_text,
+    format_report,
+    report_data,
+    report_preview,
+)
 from stepfork_otel.replay.session import ReplayResult, ReplaySession, parse_mode
 from stepfork_otel.trace.errors import BundleError
 from stepfork_otel.trace.models import Trace, call_label
@@ -120,9 +124,9 @@ def prompt_approver(verbose: bool) -> Callable[[RecordedCall], bool]:
             f"\nrecorded call {event.id}: {label} (replay policy {event.replay_policy.value})",
             file=out,
         )
-        print(f"  input:  {preview(call_input_text(event), verbose)}", file=out)
+        print(f"  input:  {report_preview(call_input_text(event), verbose)}", file=out)
         if outcome is not None:
-            print(f"  result: {preview(outcome.output, verbose)}", file=out)
+            print(f"  result: {report_preview(outcome.output, verbose)}", file=out)
         out.write("substitute the recorded result (the call's body does not run)? [y/N] ")
         out.flush()
         answer = sys.stdin.readline()
@@ -251,7 +255,7 @@ class ReplayReport:
                 "entrypoint_hint": run.entrypoint,
             },
             "execution": self.execution.to_dict(),
-            "matching": matching_data(self.result, len(self.trace.calls)),
+            "matching": report_data(self.result, len(self.trace.calls)),
             "output": self.outcome.to_dict(),
             "notes": self.notes,
             "hints": self.hints,
@@ -272,15 +276,20 @@ class ReplayReport:
         ex = self.execution
         lines += ["", style.bold("1. Entrypoint execution"), f"{i}called {ex.called}"]
         if ex.raised is None:
-            lines.append(f"{i}returned {preview(self.outcome.replayed_preview, verbose)}")
+            lines.append(f"{i}returned {report_preview(self.outcome.replayed_preview, verbose)}")
         else:
             lines.append(f"{i}raised {abbreviate_in_text(describe_exception(ex.raised), verbose)}")
-        headline = matching_headline(self.result, len(self.trace.calls))
-        verdict, _, rest = headline.partition(" ")
+        matching = format_report(
+            self.result,
+            len(self.trace.calls),
+            verbose=verbose,
+            heading="2. Dependency-call matching: ",
+            indent=i,
+            style=style,
+        )
         lines += [
             "",
-            style.bold("2. Dependency-call matching: ") + style.status(verdict) + f" {rest}",
-            *matching_section(self.result, style, verbose, indent=i),
+            matching,
             *(f"{i}hint: {hint}" for hint in self.hints),
             "",
             style.bold("3. Output comparison: ") + style.status(self.outcome.verdict),

@@ -19,8 +19,8 @@ from stepfork_otel.cli._common import (
     call_input_text,
     format_duration,
     load_bundle,
-    preview,
 )
+from stepfork_otel.replay.report import report_preview
 from stepfork_otel.trace.models import (
     CallEvent,
     ErrorEvent,
@@ -47,7 +47,7 @@ def _payload(label: str, text: str | None, sha: str | None, missing: str | None,
     fp = f"  sha256 {abbreviate(sha, v)}" if sha else ""
     if text is None:
         return f"{label} <not in bundle: {missing or 'not recorded'}>{fp}"
-    return f"{label} {preview(text, v)}{fp}"
+    return f"{label} {report_preview(text, v)}{fp}"
 
 
 def run_lines(trace: Trace, style: Style, verbose: bool) -> list[str]:
@@ -72,7 +72,8 @@ def run_lines(trace: Trace, style: Style, verbose: bool) -> list[str]:
     lines.append("  " + _payload("input ", run.input, run.input_sha256, run.input_missing, verbose))
     if run.status == "error":
         lines.append(
-            "  " + style.red(f"error  {run.error_type}: {preview(run.error_message, verbose)}")
+            "  "
+            + style.red(f"error  {run.error_type}: {report_preview(run.error_message, verbose)}")
         )
     lines.append(
         "  " + _payload("output", run.output, run.output_sha256, run.output_missing, verbose)
@@ -84,7 +85,9 @@ def run_lines(trace: Trace, style: Style, verbose: bool) -> list[str]:
         lines.append(style.yellow(f"  {trace.dropped_spans} spans were dropped while recording"))
     if trace.context:
         names = ", ".join(dict.fromkeys(s.name for s in trace.context))
-        lines.append(f"  your own spans around the calls: {preview(names, verbose, limit=80)}")
+        lines.append(
+            f"  your own spans around the calls: {report_preview(names, verbose, limit=80)}"
+        )
     return lines
 
 
@@ -132,7 +135,9 @@ def call_tree(trace: Trace, style: Style, verbose: bool) -> list[str]:
                 lines.append(
                     body
                     + pipe
-                    + style.red(f"err {outcome.error_type}: {preview(outcome.message, verbose)}")
+                    + style.red(
+                        f"err {outcome.error_type}: {report_preview(outcome.message, verbose)}"
+                    )
                 )
             elif outcome is not None:
                 lines.append(

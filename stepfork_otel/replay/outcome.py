@@ -1,6 +1,7 @@
 """The comparison of a replayed run's outcome with the recorded one -- shared by ``stepfork
-replay``, the tests written by ``stepfork export pytest`` and the pytest plugin, so the three give
-the same verdict for the same run.
+replay``, the tests written by ``stepfork export pytest`` (through the pytest plugin's
+``expect_recorded_failure`` / ``assert_recorded_output``) and ``stepfork diff``, so they give the
+same verdict for the same run.
 
 Verdicts:
 
@@ -20,7 +21,8 @@ Type names are compared tolerantly: a class defined in ``__main__`` is recorded 
 replay imports the same class from its module (``examples.booking_agent.SeatUnavailableError``).
 A name without a module therefore matches the same qualified name in any module.
 
-This module is standard-library plus the package (no pytest), so the CLI can import it.
+Replay knowledge (layer L4): no pytest and no terminal here, so the CLI and the plugin both
+import it.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from stepfork_otel.config import CONFIG
 from stepfork_otel.replay.errors import RecordedDependencyError, ReplayError
 from stepfork_otel.trace.canonical import stored_or_sha256
 from stepfork_otel.trace.models import RunInfo
-from stepfork_otel.trace.payload import capture, exception_message, qualified_name
+from stepfork_otel.trace.payload import Payload, capture, exception_message, qualified_name
 
 Verdict = Literal["MATCHED", "DIVERGED", "NOT RECORDED", "REPRODUCED FAILURE"]
 
@@ -82,6 +84,18 @@ def raised_type_names(exc: BaseException) -> list[str]:
     return names
 
 
+def reproduces_failure(error_type: str, raised: BaseException) -> bool:
+    """Whether ``raised`` stands for the recorded failure type ``error_type``: the exception's own
+    type, or the recorded type a replayed dependency failure carries (``__main__`` tolerated)."""
+    return any(same_type_name(error_type, name) for name in raised_type_names(raised))
+
+
+def output_payload(value: Any) -> Payload:
+    """A replayed return value as recording stores a run output: canonical JSON redacted with the
+    redactor in effect, and its fingerprint (compared with the recorded output fingerprint)."""
+    return capture(value, CONFIG.settings.redactor)
+
+
 def recorded_output_sha256(run: RunInfo) -> str | None:
     """The recorded final output's fingerprint (computed from the text for legacy bundles)."""
     return stored_or_sha256(run.output, run.output_sha256)
@@ -115,11 +129,7 @@ def compare_outcome(
                 recorded_sha,
             )
         names = raised_type_names(raised)
-        if (
-            recorded_failed
-            and run.error_type
-            and any(same_type_name(run.error_type, n) for n in names)
-        ):
+        if recorded_failed and run.error_type and reproduces_failure(run.error_type, raised):
             how = (
                 f"the replayed failure of a dependency ({raised.error_type}) escaped the agent"
                 if isinstance(raised, RecordedDependencyError)
@@ -142,7 +152,7 @@ def compare_outcome(
             f"the recorded run returned; this run raised {describe_exception(raised)}",
             recorded_sha,
         )
-    payload = capture(returned, CONFIG.settings.redactor)
+    payload = output_payload(returned)
     if recorded_failed:
         return OutcomeComparison(
             "DIVERGED",
