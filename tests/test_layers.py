@@ -285,3 +285,23 @@ def test_selftest_type_checking_and_relative_imports_are_detected(tmp_path: Path
         "pkg.recording.run -> pkg.replay.session (line 3): upward import L3 -> L4",
         "pkg.replay -> pkg (line 2): upward import L4 -> L5",
     ]
+
+
+def test_architecture_doc_names_every_module() -> None:
+    """docs/architecture.md is where contributors find their way: every module is in its tables
+    (as its file name under its package), and every file it names exists."""
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    package_dir = ROOT / PACKAGE
+    every = {path.relative_to(package_dir).as_posix() for path in package_dir.rglob("*.py")}
+    modules = {f for f in every if not f.endswith(("__init__.py", "__main__.py"))}
+    listed = {cell for cell in page.split("`") if cell.endswith(".py") and " " not in cell}
+    missing = sorted(f for f in modules if f not in listed and f.split("/", 1)[-1] not in listed)
+    assert not missing, f"modules missing from docs/architecture.md: {missing}"
+    unknown = sorted(
+        name
+        for name in listed
+        if not (ROOT / name).is_file()
+        and name not in every
+        and not any(f.endswith("/" + name) for f in every)
+    )
+    assert not unknown, f"docs/architecture.md names files that do not exist: {unknown}"
