@@ -29,7 +29,8 @@ if TYPE_CHECKING:
         ReplayPolicyError,
         ReplaySessionError,
     )
-    from stepfork_otel.replay.session import ReplayResult, ReplaySession
+    from stepfork_otel.replay.results import ReplayResult
+    from stepfork_otel.replay.session import ReplaySession
     from stepfork_otel.trace.canonical import UnserialisableError, canonical_json, fingerprint
     from stepfork_otel.trace.errors import BundleError, BundleVersionError
     from stepfork_otel.trace.models import (
@@ -68,7 +69,7 @@ _EXPORTS: dict[str, str] = {
     "ReplayModeError": "stepfork_otel.replay.errors",
     "ReplayPolicy": "stepfork_otel.trace.policy",
     "ReplayPolicyError": "stepfork_otel.replay.errors",
-    "ReplayResult": "stepfork_otel.replay.session",
+    "ReplayResult": "stepfork_otel.replay.results",
     "ReplaySession": "stepfork_otel.replay.session",
     "ReplaySessionError": "stepfork_otel.replay.errors",
     "RunInfo": "stepfork_otel.trace.models",
