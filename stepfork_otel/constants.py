@@ -16,7 +16,7 @@ Three families of keys are written on each boundary span:
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal
 
 #: Name of the instrumentation scope (the tracer name) used for every stepfork span.
 INSTRUMENTATION_NAME: Final = "stepfork_otel"
@@ -143,11 +143,18 @@ OI_KIND_TOOL: Final = "TOOL"
 OI_KIND_LLM: Final = "LLM"
 OI_KIND_AGENT: Final = "AGENT"
 
-#: ``stepfork.replay.action`` values.
-ACTION_SUBSTITUTED: Final = "substituted"
-ACTION_EXECUTED: Final = "executed"
-ACTION_REJECTED: Final = "rejected"
-REPLAY_ACTIONS: Final = (ACTION_SUBSTITUTED, ACTION_EXECUTED, ACTION_REJECTED)
+#: ``stepfork.replay.action`` values: what replay did with a call -- the one spelling of them.
+ReplayAction = Literal["substituted", "executed", "rejected"]
+#: The actions a replay session decides for a call it lets through (a refusal is ``rejected``).
+DecidedAction = Literal["substituted", "executed"]
+ACTION_SUBSTITUTED: Final[DecidedAction] = "substituted"
+ACTION_EXECUTED: Final[DecidedAction] = "executed"
+ACTION_REJECTED: Final[ReplayAction] = "rejected"
+REPLAY_ACTIONS: Final[tuple[ReplayAction, ...]] = (
+    ACTION_SUBSTITUTED,
+    ACTION_EXECUTED,
+    ACTION_REJECTED,
+)
 
 #: First bytes of a gzip stream (a compressed bundle or collector file).
 GZIP_MAGIC: Final = b"\x1f\x8b"

@@ -34,6 +34,7 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from stepfork_otel.constants import ACTION_SUBSTITUTED, DecidedAction
 from stepfork_otel.trace.payload import Payload
 from stepfork_otel.trace.policy import ReplayMode, ReplayPolicy
 
@@ -62,7 +63,7 @@ class ReplayDecision:
     """What the session decided for one call. The session returns a subclass that implements
     :meth:`end` and :meth:`abandon`; the boundary only reads the fields and calls those two."""
 
-    action: Literal["substituted", "executed"]
+    action: DecidedAction
     value: Any = None
     """The substituted value (when ``action == "substituted"`` and ``error`` is None)."""
     output: Payload | None = None
@@ -72,7 +73,7 @@ class ReplayDecision:
 
     @property
     def substituted(self) -> bool:
-        return self.action == "substituted"
+        return self.action == ACTION_SUBSTITUTED
 
     def end(self, output: Payload | None, error: BaseException | None) -> None:
         """An executed body returned (its recorded ``output``) or raised ``error``."""

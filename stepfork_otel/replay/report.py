@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Protocol
 
+from stepfork_otel import constants as k
 from stepfork_otel.constants import REPORT_PREVIEW_CHARS, VERBOSE_PREVIEW_CHARS
 from stepfork_otel.replay.errors import ReplayError, preview
 from stepfork_otel.trace.canonical import short_fingerprint
@@ -89,7 +90,7 @@ def _recorded(rc: RecordedCall) -> str:
 
 def _matched(result: ReplayResult) -> int:
     counts = result.counts()
-    return counts["substituted"] + counts["executed"]
+    return counts[k.ACTION_SUBSTITUTED] + counts[k.ACTION_EXECUTED]
 
 
 def _headline(result: ReplayResult, recorded_calls: int) -> str:
@@ -116,9 +117,9 @@ def _headline(result: ReplayResult, recorded_calls: int) -> str:
 def _call_suffix(call: ReplayedCall) -> str:
     error = call.error  # replay redacts every message it keeps
     shown = report_preview(error, limit=_CALL_ERROR_CHARS)
-    if call.action == "substituted" and call.status == "error":
+    if call.action == k.ACTION_SUBSTITUTED and call.status == "error":
         return f"  recorded failure replayed: {shown}"
-    if call.action == "executed":
+    if call.action == k.ACTION_EXECUTED:
         return f"  ran live: {shown}" if call.status == "error" else "  ran live"
     return ""
 

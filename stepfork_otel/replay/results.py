@@ -24,6 +24,7 @@ from stepfork_otel.constants import (
     ACTION_REJECTED,
     ACTION_SUBSTITUTED,
     REPLAY_ACTIONS,
+    ReplayAction,
 )
 from stepfork_otel.recording.contract import BoundaryCall
 from stepfork_otel.replay.errors import (
@@ -34,7 +35,7 @@ from stepfork_otel.replay.errors import (
 )
 from stepfork_otel.replay.plan import RecordedCall
 from stepfork_otel.trace.canonical import short_fingerprint
-from stepfork_otel.trace.models import ReplayAction, label, payload_value
+from stepfork_otel.trace.models import call_label, label, payload_value
 from stepfork_otel.trace.payload import exception_message
 from stepfork_otel.trace.policy import ReplayMode
 
@@ -124,7 +125,7 @@ class ReplayResult:
         return self.errors[0] if self.errors else None
 
     def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(REPLAY_ACTIONS, 0)
+        out: dict[str, int] = dict.fromkeys(REPLAY_ACTIONS, 0)
         for call in self.calls:
             out[call.action] += 1
         return out
@@ -142,7 +143,7 @@ class ReplayResult:
             err = f" [raised {call.error.split(':', 1)[0]}]" if call.error else ""
             lines.append(f"  {call.position:>3}. {call.action:<11} {call.label}{rec}{err}")
             lines.extend(f"       note: {n}" for n in call.notes)
-        lines.extend(f"  not reached: {rc.event.id} {rc.describe().label()}" for rc in self.pending)
+        lines.extend(f"  not reached: {rc.event.id} {call_label(rc.event)}" for rc in self.pending)
         return "\n".join(lines)
 
 
@@ -262,8 +263,7 @@ def incomplete_error(
             f"{len(pending)} recorded call(s) were never made: the agent skipped recorded steps"
         )
         details.append(
-            "not reached: "
-            + ", ".join(f"{rc.event.id} ({rc.describe().label()})" for rc in pending)
+            "not reached: " + ", ".join(f"{rc.event.id} ({call_label(rc.event)})" for rc in pending)
         )
     else:
         reason = "the run diverged from the recording (the agent caught the error)"

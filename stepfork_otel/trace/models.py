@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from stepfork_otel.constants import FORMAT_NAME, FORMAT_VERSION
+from stepfork_otel.constants import FORMAT_NAME, FORMAT_VERSION, ReplayAction
 from stepfork_otel.trace.canonical import canonical_json
 from stepfork_otel.trace.canonical import loads as canonical_loads
 from stepfork_otel.trace.policy import ReplayPolicy
@@ -29,7 +29,6 @@ Status = Literal["ok", "error", "skipped"]
 MissingReason = Literal["size_cap", "capture_disabled", "truncated", "not_recorded"]
 """Why a payload is absent: left off the span by the size cap or by disabled content capture,
 cut by an OTel attribute length limit (the fingerprint disagreed), or never recorded."""
-ReplayAction = Literal["substituted", "executed", "rejected"]
 
 
 class _Model(BaseModel):
