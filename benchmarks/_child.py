@@ -129,7 +129,7 @@ def _session_start(path: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     session = ReplaySession.from_trace(path)
     t1 = time.perf_counter()
-    return {"total": t1 - t0, "pending": len(session.pending)}
+    return {"total": t1 - t0, "pending": session.pending}
 
 
 def _session_parts(path: Path) -> dict[str, Any]:

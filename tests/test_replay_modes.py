@@ -3,6 +3,7 @@ reserved ``derived`` and unknown modes, and options that do not fit a mode."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def test_frozen_nested_tool_to_llm_skips_the_inner_call() -> None:
     assert [(rc.event.id, rc.name, rc.state) for rc in replay.summary.skipped] == [
         ("call-6", "summariser-1", "skipped")
     ]
-    assert replay.pending == []
+    assert replay.pending == 0
 
 
 # --- hybrid ----------------------------------------------------------------------------------------
@@ -82,11 +83,32 @@ def test_hybrid_llm_selectors(selector: str) -> None:
     assert agent.BODY_CALLS["planner-1"] == 4
 
 
-def test_hybrid_selector_for_another_llm_runs_nothing_live() -> None:
-    with ReplaySession.from_trace(LISBON, mode="hybrid", live_llms={"scripted/other"}) as replay:
+@pytest.mark.parametrize(
+    ("selector", "why"),
+    [
+        ("scripted/other", "matches no recorded LLM call"),  # a typo of the model
+        ("openai/planner-1", "matches no recorded LLM call"),  # the wrong provider
+        ("other/*", "matches no recorded LLM call"),
+        ("*", "matches no recorded LLM call"),  # a model named "*": there is none
+        ("bad/selector/x", "is not 'provider/model', 'provider/*' or 'model'"),
+        ("scripted/", "is not 'provider/model', 'provider/*' or 'model'"),
+    ],
+)
+def test_a_hybrid_selector_that_selects_no_recorded_llm_is_an_error(
+    selector: str, why: str
+) -> None:
+    """It used to give a frozen replay that reported MATCHED: the typo went unnoticed."""
+    with pytest.raises(ReplayModeError, match=re.escape(why)) as caught:
+        ReplaySession.from_trace(LISBON, mode="hybrid", live_llms={selector})
+    assert "recorded LLMs: scripted/planner-1, scripted/summariser-1" in str(caught.value)
+    assert agent.BODY_CALLS == {}
+
+
+def test_a_provider_wildcard_selects_every_model_of_the_provider() -> None:
+    with ReplaySession.from_trace(LISBON, mode="hybrid", live_llms={"scripted/*"}) as replay:
         agent.run_dinner_agent(agent.LISBON)
         replay.verify_complete()
-    assert agent.BODY_CALLS == {}
+    assert {c.action for c in replay.calls if c.kind == "llm"} == {"executed"}
 
 
 def test_hybrid_reports_prompt_drift_and_names_the_live_call_that_led_to_a_mismatch() -> None:
@@ -157,7 +179,7 @@ def test_live_refuses_an_unlisted_tool_before_its_body_and_without_consuming_it(
     with ReplaySession.from_trace(LISBON, mode="live", allow_live_tools={"research"}) as replay:
         with pytest.raises(ReplayPolicyError) as caught:
             agent.run_dinner_agent(agent.LISBON)
-        pending_ids = [rc.event.id for rc in replay.pending]
+        pending_ids = [rc.event.id for rc in replay.pending_calls]
     error = caught.value
     assert error.position == 2
     assert error.reason == (
@@ -232,7 +254,8 @@ def test_forbidden_rejects_every_call_before_matching() -> None:
     )
     assert caught.value.expected is None  # refused before matching
     assert agent.BODY_CALLS == {}
-    assert len(replay.pending) == 9
+    assert replay.pending == 9
+    assert len(replay.pending_calls) == 9
 
 
 def test_manual_without_an_approver_rejects_before_matching() -> None:

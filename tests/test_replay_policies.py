@@ -78,7 +78,7 @@ def test_forbidden_policy_is_refused_in_frozen_mode(trace: Trace) -> None:
         "automatically, whatever the mode or allowlist"
     )
     assert RAN == {}
-    assert [rc.event.id for rc in replay.pending] == ["call-4"]
+    assert [rc.event.id for rc in replay.pending_calls] == ["call-4"]
 
 
 def test_forbidden_policy_is_refused_in_live_mode_even_when_allow_listed(trace: Trace) -> None:
@@ -143,7 +143,7 @@ def test_manual_policy_needs_an_approval_even_in_frozen_mode(trace: Trace) -> No
         "tool send_email needs an explicit approval (recorded policy 'manual') and no approval "
         "callback was given (ReplaySession(..., approve=...))"
     )
-    assert [rc.event.id for rc in replay.pending] == ["call-3", "call-4"]
+    assert [rc.event.id for rc in replay.pending_calls] == ["call-3", "call-4"]
 
 
 def test_manual_policy_denied_by_the_approver(trace: Trace) -> None:

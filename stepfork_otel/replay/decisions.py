@@ -1,4 +1,8 @@
-"""The decision rules: what the mode, the allowlists and the recorded policy say about a call.
+"""The decision rules: what the mode, the allowlists and the policy say about a call.
+
+The policy is the *effective* one (:class:`~stepfork_otel.trace.policy.EffectivePolicy`): the
+restrictions recorded with the call and those today's code declares at the boundary both hold, so
+a bundle can never loosen the code; a disagreement is reported in the call's notes.
 
 Two questions, asked of every call in a fixed order by the session:
 
@@ -7,7 +11,7 @@ Two questions, asked of every call in a fixed order by the session:
    input check lets a hybrid call that will run live drift from its recorded prompt.
 2. the refusals, which raise :class:`ReplayPolicyError`: :func:`refuse_unmatched` before
    anything is matched (mode ``forbidden``, ``manual`` without an approver: no recorded call has
-   a say), :func:`refuse_matched` once the call matched (recorded policy ``forbidden``, a live
+   a say), :func:`refuse_matched` once the call matched (policy ``forbidden``, a live
    tool not allow-listed, the approval callback).
 
 Why refusals are raised here and not returned: a refusal is final for the call, the session only
@@ -23,15 +27,15 @@ rules, refused when the session is built instead of at the first call; and so do
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from stepfork_otel.recording.contract import BoundaryCall
 from stepfork_otel.replay.errors import ReplayModeError, ReplayPolicyError, ReplaySessionError
 from stepfork_otel.replay.matching import describe_call
 from stepfork_otel.replay.plan import RecordedCall
-from stepfork_otel.trace.models import label
-from stepfork_otel.trace.policy import ReplayMode, ReplayPolicy
+from stepfork_otel.trace.models import LlmRequest, label
+from stepfork_otel.trace.policy import EffectivePolicy, ReplayMode, ReplayPolicy
 
 __all__ = [
     "Approver",
@@ -123,6 +127,27 @@ def check_options(
         )
 
 
+def check_selectors(live_llms: frozenset[str], plan: Sequence[RecordedCall]) -> None:
+    """:class:`ReplayModeError` for a hybrid selector that is malformed or selects no recorded
+    LLM call: a typo would otherwise give a frozen replay that reports MATCHED."""
+    recorded = sorted(
+        {(rc.event.provider, rc.event.model) for rc in plan if isinstance(rc.event, LlmRequest)}
+    )
+    shown = ", ".join(f"{p}/{m}" for p, m in recorded) or "none"
+    for selector in sorted(live_llms):
+        parts = selector.split("/")
+        if not selector or len(parts) > 2 or not all(parts):
+            raise ReplayModeError(
+                f"live_llms selector {selector!r} is not 'provider/model', 'provider/*' or "
+                f"'model' (recorded LLMs: {shown})"
+            )
+        if not any(_matches_llm(selector, p, m) for p, m in recorded):
+            raise ReplayModeError(
+                f"live_llms selector {selector!r} matches no recorded LLM call, so nothing would "
+                f"run live (recorded LLMs: {shown})"
+            )
+
+
 # --- per call --------------------------------------------------------------------------------------
 
 
@@ -133,12 +158,28 @@ def _matches_llm(selector: str, provider: str | None, model: str | None) -> bool
     return selector == model
 
 
-def verdict_for(rules: Rules, call: BoundaryCall, expected: RecordedCall) -> Verdict:
-    """Execute, substitute or deny, from the mode, the allowlists and the recorded policy."""
+def effective_policy(call: BoundaryCall, expected: RecordedCall) -> EffectivePolicy:
+    """The recorded policy and the one today's code declares at the boundary, together: a
+    bundle can never loosen the code."""
+    return EffectivePolicy(expected.policy, call.policy)
+
+
+def policy_note(policy: EffectivePolicy) -> str | None:
+    """Reported on the call (not raised) when the bundle and the code disagree."""
+    if not policy.disagree:
+        return None
+    return (
+        f"replay policy: recorded {policy.recorded.value!r}, this code declares "
+        f"{policy.declared.value!r}; the restrictions of both apply"
+    )
+
+
+def verdict_for(rules: Rules, call: BoundaryCall, policy: EffectivePolicy) -> Verdict:
+    """Execute, substitute or deny, from the mode, the allowlists and the effective policy."""
     mode = rules.mode
     if mode in (ReplayMode.FROZEN, ReplayMode.MANUAL):
         return Verdict.SUBSTITUTE
-    if expected.policy in (ReplayPolicy.FROZEN, ReplayPolicy.FORBIDDEN):
+    if policy.never_live:
         return Verdict.SUBSTITUTE  # forbidden is refused by refuse_matched before this matters
     if mode is ReplayMode.HYBRID:
         selected = call.kind == "llm" and any(
@@ -177,19 +218,30 @@ def refuse_unmatched(rules: Rules, call: BoundaryCall, position: int) -> None:
 
 
 def refuse_matched(
-    rules: Rules, call: BoundaryCall, expected: RecordedCall, verdict: Verdict, position: int
+    rules: Rules,
+    call: BoundaryCall,
+    expected: RecordedCall,
+    policy: EffectivePolicy,
+    verdict: Verdict,
+    position: int,
 ) -> None:
-    """Refusals of a matched call: recorded policy ``forbidden`` (outside manual mode), a tool
-    denied in live mode, and the approval a call needs (manual mode, recorded policy ``manual`` or
-    ``forbidden``) -- the approval callback is asked here, once, about the matched call."""
-    mode, policy = rules.mode, expected.policy
-    if policy is ReplayPolicy.FORBIDDEN and mode is not ReplayMode.MANUAL:
+    """Refusals of a matched call: policy ``forbidden`` (outside manual mode), a tool denied in
+    live mode, and the approval a call needs (manual mode, policy ``manual`` or ``forbidden``)
+    -- the approval callback is asked here, once, about the matched call. The policy is the
+    effective one: what the bundle recorded and what today's code declares."""
+    mode = rules.mode
+    if policy.forbidden and mode is not ReplayMode.MANUAL:
+        subject = (
+            f"the recorded call {expected.event.id} has replay policy 'forbidden'"
+            if policy.recorded is ReplayPolicy.FORBIDDEN
+            else f"the call {expected.event.id} has {policy.who(ReplayPolicy.FORBIDDEN)}"
+        )
         raise _refused(
             call,
             position,
-            f"the recorded call {expected.event.id} has replay policy 'forbidden': it is never "
-            "replayed automatically, whatever the mode or allowlist (replay it in manual mode "
-            "with an explicit approval to substitute its recorded result)",
+            f"{subject}: it is never replayed automatically, whatever the mode or allowlist "
+            "(replay it in manual mode with an explicit approval to substitute its recorded "
+            "result)",
             expected,
         )
     if verdict is Verdict.DENY:
@@ -201,13 +253,15 @@ def refuse_matched(
             "and its recorded response was not consumed",
             expected,
         )
-    if mode is not ReplayMode.MANUAL and policy not in (
-        ReplayPolicy.MANUAL,
-        ReplayPolicy.FORBIDDEN,
-    ):
+    if mode is not ReplayMode.MANUAL and not policy.needs_approval:
         return
     what = label(call.kind, call.name, call.provider, call.model)
-    why = "manual mode" if mode is ReplayMode.MANUAL else f"recorded policy {policy.value!r}"
+    if mode is ReplayMode.MANUAL:
+        why = "manual mode"
+    elif policy.recorded in (ReplayPolicy.MANUAL, ReplayPolicy.FORBIDDEN):
+        why = f"recorded policy {policy.recorded.value!r}"
+    else:
+        why = policy.who(policy.declared)
     approve = rules.approve
     if approve is None:
         raise _refused(

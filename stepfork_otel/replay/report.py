@@ -103,10 +103,7 @@ def _headline(result: ReplayResult, recorded_calls: int) -> str:
             f"matched{skipped})"
         )
     if result.pending:
-        return (
-            f"DIVERGED ({len(result.pending)} of {recorded_calls} recorded calls never made"
-            f"{skipped})"
-        )
+        return f"DIVERGED ({result.pending} of {recorded_calls} recorded calls never made{skipped})"
     if first is not None:
         return f"DIVERGED ({matched} of {recorded_calls} recorded calls matched{skipped})"
     return (
@@ -147,7 +144,9 @@ def _call_lines(result: ReplayResult, style: Highlight, indent: str) -> list[str
         )
         lines.extend(f"{indent}       note: {note}" for note in call.notes)
     if result.pending:
-        lines.append(f"{indent}not reached: " + ", ".join(_recorded(rc) for rc in result.pending))
+        lines.append(
+            f"{indent}not reached: " + ", ".join(_recorded(rc) for rc in result.pending_calls)
+        )
     if result.skipped:
         lines.append(
             f"{indent}skipped (inside substituted calls, their bodies did not run): "
@@ -238,7 +237,7 @@ def report_data(result: ReplayResult, recorded_calls: int) -> dict[str, Any]:
             }
             for c in result.calls
         ],
-        "not_reached": [rc.event.id for rc in result.pending],
+        "not_reached": [rc.event.id for rc in result.pending_calls],
         "skipped": [rc.event.id for rc in result.skipped],
         "first_divergence": None if first is None else first.to_dict(),
     }

@@ -109,7 +109,7 @@ class ReplayResult:
     mode: ReplayMode
     calls: tuple[ReplayedCall, ...]
     """Every boundary call reached, in order (copies: later calls do not change them)."""
-    pending: tuple[RecordedCall, ...]
+    pending_calls: tuple[RecordedCall, ...]
     """Recorded calls never matched (``verify_complete()`` fails on these)."""
     skipped: tuple[RecordedCall, ...]
     """Recorded calls inside substituted calls: not made, because those bodies did not run."""
@@ -117,8 +117,13 @@ class ReplayResult:
     """Every replay error raised, including those the agent caught."""
 
     @property
+    def pending(self) -> int:
+        """How many recorded calls were never matched (:attr:`pending_calls`)."""
+        return len(self.pending_calls)
+
+    @property
     def ok(self) -> bool:
-        return not self.errors and not self.pending
+        return not self.errors and not self.pending_calls
 
     @property
     def first_divergence(self) -> ReplayError | None:
@@ -135,7 +140,7 @@ class ReplayResult:
         lines = [
             f"replay ({self.mode.value}): {len(self.calls)} call(s) reached - "
             f"{c[ACTION_SUBSTITUTED]} substituted, {c[ACTION_EXECUTED]} executed, "
-            f"{c[ACTION_REJECTED]} rejected; {len(self.pending)} recorded call(s) not reached, "
+            f"{c[ACTION_REJECTED]} rejected; {self.pending} recorded call(s) not reached, "
             f"{len(self.skipped)} skipped inside substituted calls"
         ]
         for call in self.calls:
@@ -143,7 +148,9 @@ class ReplayResult:
             err = f" [raised {call.error.split(':', 1)[0]}]" if call.error else ""
             lines.append(f"  {call.position:>3}. {call.action:<11} {call.label}{rec}{err}")
             lines.extend(f"       note: {n}" for n in call.notes)
-        lines.extend(f"  not reached: {rc.event.id} {call_label(rc.event)}" for rc in self.pending)
+        lines.extend(
+            f"  not reached: {rc.event.id} {call_label(rc.event)}" for rc in self.pending_calls
+        )
         return "\n".join(lines)
 
 
@@ -177,7 +184,7 @@ def summarise(
     return ReplayResult(
         mode=mode,
         calls=tuple(dataclasses.replace(c, notes=list(c.notes)) for c in calls),
-        pending=tuple(pending_calls(plan)),
+        pending_calls=tuple(pending_calls(plan)),
         skipped=tuple(rc for rc in plan if rc.state == "skipped"),
         errors=tuple(errors),
     )

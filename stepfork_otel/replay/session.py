@@ -135,6 +135,7 @@ class ReplaySession:
         self.approve = approve
         with gc_paused():
             self._plan = _checked_plan(trace, source, _structure_checked)
+        decisions.check_selectors(self.live_llms, self._plan)
         self._cursor = 0
         self._calls: list[ReplayedCall] = []
         self._errors: list[ReplayError] = []
@@ -232,8 +233,15 @@ class ReplaySession:
         return [c for c in self._calls if c.action != ACTION_REJECTED]
 
     @property
-    def pending(self) -> list[RecordedCall]:
-        """Recorded calls not matched (neither consumed nor skipped inside a substituted call)."""
+    def pending(self) -> int:
+        """How many recorded calls are not consumed yet (neither matched nor skipped inside a
+        substituted call): the recorded calls still ahead during the run, the ones the agent
+        skipped after it. ``verify_complete()`` fails unless it is 0."""
+        return len(results.pending_calls(self._plan))
+
+    @property
+    def pending_calls(self) -> list[RecordedCall]:
+        """The recorded calls :attr:`pending` counts, in recorded order."""
         return results.pending_calls(self._plan)
 
     @property
@@ -256,7 +264,7 @@ class ReplaySession:
         """Raise :class:`ReplayMismatchError` if recorded calls were left unconsumed, or if the run
         diverged at a call and the agent caught the error."""
         with self._lock:
-            error = results.incomplete_error(self.pending, self._divergences)
+            error = results.incomplete_error(self.pending_calls, self._divergences)
             if error is None:
                 return
             self._errors.append(error)
@@ -350,7 +358,8 @@ class ReplaySession:
                 call, position, self._plan, results.after_live(self._last_live)
             )
         expected = self._plan[cursor]
-        verdict = decisions.verdict_for(self, call, expected)
+        policy = decisions.effective_policy(call, expected)
+        verdict = decisions.verdict_for(self, call, policy)
         drift_allowed = verdict is Verdict.EXECUTE and self.mode is ReplayMode.HYBRID
         ctx = matching.MatchContext(self._plan, cursor, self._executing.get(), drift_allowed)
         miss = matching.first_miss(call, expected, ctx)
@@ -360,7 +369,10 @@ class ReplaySession:
         replayed.recorded_id = expected.event.id
         replayed.recorded_input_sha256 = expected.input_sha256
         replayed.recorded_output_sha256 = output_sha256 = expected.output_sha256
-        decisions.refuse_matched(self, call, expected, verdict, position)
+        note = decisions.policy_note(policy)
+        if note is not None:
+            replayed.notes.append(note)
+        decisions.refuse_matched(self, call, expected, policy, verdict, position)
         if verdict is Verdict.EXECUTE:
             return self._execute(replayed, expected)
         outcome = substitute(call, expected, position, self.trace, output_sha256)

@@ -2,6 +2,11 @@
 
 A *mode* is what the person replaying asks for; a *policy* is what the person who wrote the tool
 allowed. When they disagree the stricter one wins, whatever the session mode.
+
+A call's policy is said twice: by the bundle (recorded with the call) and by today's code (the
+``replay_policy=`` of the boundary the replayed call goes through). Both hold: a bundle can never
+loosen the code -- an old bundle, one edited by a word, or one rebuilt from spans that lost the
+attribute -- and code can only tighten what was recorded (:class:`EffectivePolicy`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,50 @@ class ReplayPolicy(str, enum.Enum):
             raise ValueError(
                 f"unknown replay_policy {value!r}; expected one of: {allowed}"
             ) from None
+
+
+class EffectivePolicy:
+    """What the recorded and the declared policy of a call say together: every restriction of
+    either holds. ``frozen`` with ``manual`` is an approval *and* never a live run."""
+
+    __slots__ = ("declared", "recorded")
+
+    def __init__(self, recorded: ReplayPolicy, declared: ReplayPolicy) -> None:
+        self.recorded = recorded
+        self.declared = declared
+
+    def _says(self, *policies: ReplayPolicy) -> bool:
+        return self.recorded in policies or self.declared in policies
+
+    @property
+    def forbidden(self) -> bool:
+        """Never replayed automatically (only an approval in manual mode substitutes it)."""
+        return self._says(ReplayPolicy.FORBIDDEN)
+
+    @property
+    def never_live(self) -> bool:
+        """Only ever substituted: ``frozen`` or ``forbidden``."""
+        return self._says(ReplayPolicy.FROZEN, ReplayPolicy.FORBIDDEN)
+
+    @property
+    def needs_approval(self) -> bool:
+        """An explicit approval in every mode: ``manual`` or ``forbidden``."""
+        return self._says(ReplayPolicy.MANUAL, ReplayPolicy.FORBIDDEN)
+
+    @property
+    def disagree(self) -> bool:
+        return self.recorded is not self.declared
+
+    def who(self, policy: ReplayPolicy) -> str:
+        """Who says ``policy``: the recording, this code, or both."""
+        if self.recorded is policy and self.declared is policy:
+            return f"replay policy {policy.value!r}"
+        if self.declared is policy:
+            return (
+                f"replay policy {policy.value!r} declared by this code (recorded: "
+                f"{self.recorded.value!r})"
+            )
+        return f"recorded replay policy {policy.value!r}"
 
 
 class ReplayMode(str, enum.Enum):
