@@ -10,8 +10,15 @@ from typing import Any
 import pytest
 from conftest import Recording
 
-from stepfork_otel import ReplayPolicyError, ReplaySession, Trace, record, trace_tool
-from stepfork_otel.trace.bundle import dump_trace, parse_trace
+from stepfork_otel import (
+    ReplayError,
+    ReplayPolicy,
+    ReplayPolicyError,
+    ReplaySession,
+    Trace,
+    record,
+    trace_tool,
+)
 
 CHARGED: list[float] = []
 
@@ -61,8 +68,11 @@ def test_code_that_now_forbids_a_tool_is_obeyed_whatever_the_bundle_says(
 def test_an_edited_policy_word_does_not_loosen_the_code(
     recording: Recording, tmp_path: Path
 ) -> None:
+    """The policy word edited in a Trace built in memory (as an old bundle without a lines
+    fingerprint, or one rebuilt from spans, carries no proof of its policies)."""
     trace = recorded_with(recording, tmp_path, "forbidden")
-    edited = parse_trace(dump_trace(trace).replace(b'"forbidden"', b'"replayable"'))
+    call = trace.events[0].model_copy(update={"replay_policy": ReplayPolicy.REPLAYABLE})
+    edited = trace.model_copy(update={"events": [call, *trace.events[1:]]})
     assert edited.calls[0].replay_policy.value == "replayable"
     charge = charge_card_declared("forbidden")
     with (
@@ -138,3 +148,31 @@ def test_pending_counts_the_recorded_calls_still_ahead(
     assert [rc.event.id for rc in replay.pending_calls] == ["call-3"]
     assert replay.summary.pending == 1
     assert [rc.event.id for rc in replay.summary.pending_calls] == ["call-3"]
+
+
+class Opaque:
+    """An object with no JSON form (like an SDK stream)."""
+
+
+def test_an_unreplayable_output_is_loud_when_recorded_and_at_replay(
+    recording: Recording, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    @trace_tool
+    def stream(n: int) -> Any:
+        return Opaque()
+
+    with caplog.at_level("WARNING", logger="stepfork_otel"), record(tmp_path / "o.sftrace"):
+        stream(1)
+        stream(2)  # the same call site and type: warned once
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        "stepfork_otel: the output of tool stream has no JSON form (a test_replay_fidelity.Opaque); "
+        "it is recorded as unserialisable and this call cannot be replayed -- return "
+        "JSON-encodable values, pydantic models or dataclasses"
+    ]
+    with (
+        pytest.raises(ReplayError, match="could not be serialised when it was recorded") as caught,
+        ReplaySession.from_trace(tmp_path / "o.sftrace"),
+    ):
+        stream(1)
+    assert "test_replay_fidelity.Opaque" in caught.value.reason

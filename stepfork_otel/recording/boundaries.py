@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -52,9 +53,12 @@ from stepfork_otel.recording.spans import (
     span_payload_attributes,
     usage_attributes,
 )
-from stepfork_otel.trace.canonical import model_fingerprint
+from stepfork_otel.trace.canonical import UNSERIALISABLE_MARKER, model_fingerprint
+from stepfork_otel.trace.models import label, payload_value
 from stepfork_otel.trace.payload import Payload, capture
 from stepfork_otel.trace.policy import ReplayPolicy
+
+logger = logging.getLogger("stepfork_otel")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -81,11 +85,34 @@ def _captured_input(value: Any) -> tuple[Payload, Replayer | None]:
     return capture(value, CONFIG.settings.redactor, recorded), session
 
 
+_warned_unreplayable: set[tuple[str, str, str, str]] = set()
+
+
+def _warn_unreplayable(call: BoundaryCall, what: str, payload: Payload) -> None:
+    """A value with no JSON form is recorded as a marker, and the call cannot be replayed from
+    it: say so while recording (once per call site and type), not first at replay."""
+    type_name = str(payload_value(payload.text).get(UNSERIALISABLE_MARKER, "")).split(":", 1)[0]
+    key = (call.kind, call.name, what, type_name)
+    if key in _warned_unreplayable:
+        return
+    _warned_unreplayable.add(key)
+    logger.warning(
+        "stepfork_otel: the %s of %s has no JSON form (a %s); it is recorded as unserialisable "
+        "and this call cannot be replayed -- return JSON-encodable values, pydantic models or "
+        "dataclasses",
+        what,
+        label(call.kind, call.name, call.provider, call.model),
+        type_name,
+    )
+
+
 def _prepare_tool(
     name: str, policy: ReplayPolicy, arguments: dict[str, Any], output_type: Any
 ) -> _Prepared:
     payload, session = _captured_input(arguments)
     call = BoundaryCall("tool", name, payload, policy, output_type=output_type)
+    if payload.unserialisable and session is None:
+        _warn_unreplayable(call, "input", payload)
     attributes = {
         k.KIND: k.KIND_TOOL,
         k.REPLAY_POLICY: policy.value,
@@ -112,6 +139,8 @@ def _prepare_llm(
         model_fingerprint=fingerprint,
         output_type=output_type,
     )
+    if payload.unserialisable and session is None:
+        _warn_unreplayable(call, "input", payload)
     attributes = {
         k.KIND: k.KIND_LLM,
         k.REPLAY_POLICY: policy.value,
@@ -261,6 +290,8 @@ def _finish_ok(
     payload: Payload | None = None
     try:
         payload = capture(result, CONFIG.settings.redactor)
+        if payload.unserialisable:
+            _warn_unreplayable(prepared.call, "output", payload)
         attributes = span_payload_attributes(k.OUTPUT, payload)
         attributes[k.STATUS] = k.STATUS_OK
         if prepared.call.kind == "llm":
