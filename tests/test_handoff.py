@@ -1,7 +1,8 @@
 """The payload hand-off between the boundaries and the bundle processors: one owned object, no
-module globals. Nothing is kept unless a processor listens and the span is recorded; every
-processor gets whole payloads; nothing stays pending after a run, after an ``on_end`` that
-raised, or after shutdown."""
+module globals. Nothing is kept unless a processor listens and the span is recorded; nothing
+stays pending after a run, after an ``on_end`` that raised, or after shutdown. (That two
+processors on one provider both get whole payloads is
+``tests/test_processor.py::test_two_bundle_processors_on_one_provider_both_get_whole_payloads``.)"""
 
 from __future__ import annotations
 
@@ -9,13 +10,11 @@ import logging
 from pathlib import Path
 
 import pytest
-from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 import stepfork_otel._internal as internal
-from stepfork_otel import SftraceSpanProcessor, Trace, configure, record, trace_tool
-from stepfork_otel.config import CONFIG
+from stepfork_otel import Trace, configure, record, trace_tool
 from stepfork_otel.recording.handoff import HANDOFF, PayloadHandoff
 from stepfork_otel.trace.payload import Payload
 
@@ -55,29 +54,6 @@ def test_nothing_is_kept_without_a_listener_or_for_an_unsampled_span() -> None:
     assert handoff.read(span_id) == {}
     handoff.keep(span_id, "stepfork.input", payload)  # kept by nobody once nobody listens
     assert handoff.pending == 0
-
-
-def test_two_processors_on_one_provider_both_get_whole_payloads(tmp_path: Path) -> None:
-    provider = TracerProvider()
-    first = SftraceSpanProcessor(tmp_path / "first")
-    second = SftraceSpanProcessor(tmp_path / "second")
-    provider.add_span_processor(first)
-    provider.add_span_processor(second)
-    CONFIG.use_tracer_provider(provider)
-    CONFIG.update(max_span_payload_bytes=64)
-    try:
-        with trace_api.get_tracer("t", tracer_provider=provider).start_as_current_span("app"):
-            assert echo(BIG) == BIG
-        (a,) = (tmp_path / "first").glob("*.sftrace")
-        (b,) = (tmp_path / "second").glob("*.sftrace")
-        for path in (a, b):
-            (call,) = Trace.load(path).calls
-            assert call.input == f'{{"text":"{BIG}"}}'
-        assert a.read_bytes() == b.read_bytes()
-        assert HANDOFF.pending == 0
-    finally:
-        first.shutdown()
-        second.shutdown()
 
 
 def test_nothing_pending_after_a_run_and_after_shutdown(recording: object, tmp_path: Path) -> None:
