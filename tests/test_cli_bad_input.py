@@ -98,10 +98,11 @@ def _cases(d: Path, good: Path) -> dict[str, Case]:
     cases["replay-unknown-mode"] = Case((*replay, "--mode", "fast"), "unknown replay mode 'fast'")
     cases["replay-derived-mode"] = Case((*replay, "--mode", "derived"), "'derived' is reserved")
     cases["replay-live-tool-not-live"] = Case(
-        (*replay, "--allow-live-tool", "search_flights"), "allow_live_tools only applies to mode"
+        (*replay, "--allow-live-tool", "search_flights"),
+        "--allow-live-tool only applies to --mode live",
     )
     cases["replay-hybrid-without-llm"] = Case(
-        (*replay, "--mode", "hybrid"), "mode 'hybrid' needs live_llms"
+        (*replay, "--mode", "hybrid"), "--mode hybrid needs --live-llm"
     )
     cases["replay-no-entrypoint"] = Case(
         ("replay", str(good)), "the following arguments are required: --entrypoint"

@@ -6,20 +6,27 @@ builds the parser from the list of those modules, so a command is added by writi
 naming it here. Errors are handled once, here: a :class:`~stepfork_otel.cli._common.CliError` (or
 a bundle that cannot be read) is one line on stderr and exit 2; a traceback only with
 ``--verbose``. argparse is used (not click or rich): the command must not add dependencies.
+
+Output works with any stream encoding: ``main`` sets stdout and stderr to write what the encoding
+cannot hold as backslash escapes (``PYTHONIOENCODING=ascii``, a redirect to a cp1252 file on
+Windows), so no command fails with ``UnicodeEncodeError`` for a character it prints.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import re
 import sys
 import traceback
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any, NoReturn, TextIO
 
 from stepfork_otel.cli import diff_cmd, export_cmd, import_cmd, replay_cmd, show_cmd, validate_cmd
-from stepfork_otel.cli._common import EXIT_BAD_INPUT, EXIT_OK, CliError, print_error
+from stepfork_otel.cli._common import EXIT_BAD_INPUT, EXIT_OK, CliError, print_error, styled_line
 from stepfork_otel.trace.errors import BundleError
 
 
@@ -52,15 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Control characters other than newline, tab and carriage return -- and escape sequences other than
-# the colour (SGR) ones this command writes itself -- are shown escaped: a bundle is data, and
-# text from it (a run name, an error message) must not retitle, clear or drive the terminal.
-_UNSAFE = re.compile(r"\x1b\[[0-9;]*m|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# The commands escape every line they print (``_common.terminal_safe``). This is the net under
+# them, for text printed without it -- the entrypoint's own output during a replay, argparse's
+# messages: control characters other than newline, tab and carriage return, and escape sequences
+# other than colour (SGR) and erase-line, are shown escaped; colours a ``Style`` marked are written.
+_UNSAFE = re.compile(r"\x1b\[[0-9;]*[mK]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 def _escape(match: re.Match[str]) -> str:
     text = match.group()
     return text if len(text) > 1 else text.encode("unicode_escape").decode("ascii")
+
+
+def _unsafe_escaped(text: str) -> str:
+    return _UNSAFE.sub(_escape, text)
 
 
 class _TerminalSafe:
@@ -70,21 +82,43 @@ class _TerminalSafe:
         self._stream = stream
 
     def write(self, text: str) -> int:
-        return self._stream.write(_UNSAFE.sub(_escape, text))
+        return self._stream.write(styled_line(text, escape=_unsafe_escaped))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
 
+@contextlib.contextmanager
+def _any_encoding(*streams: TextIO) -> Iterator[None]:
+    """Characters a stream's encoding cannot hold are written as backslash escapes (``\\xfc``,
+    ``\\u2026``) instead of failing; the streams are set back afterwards."""
+    changed: list[tuple[io.TextIOWrapper[Any], str]] = []
+    for stream in streams:
+        if isinstance(stream, io.TextIOWrapper) and stream.errors != "backslashreplace":
+            before = stream.errors or "strict"
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # closed, or a stream that cannot be reconfigured
+                continue
+            changed.append((stream, before))
+    try:
+        yield
+    finally:
+        for stream, errors in changed:
+            with contextlib.suppress(ValueError, OSError):
+                stream.reconfigure(errors=errors)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code (the console script exits with it)."""
     stdout, stderr = sys.stdout, sys.stderr
-    sys.stdout = _TerminalSafe(stdout)
-    sys.stderr = _TerminalSafe(stderr)
-    try:
-        return _main(argv)
-    finally:
-        sys.stdout, sys.stderr = stdout, stderr
+    with _any_encoding(stdout, stderr):
+        sys.stdout = _TerminalSafe(stdout)
+        sys.stderr = _TerminalSafe(stderr)
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout, sys.stderr = stdout, stderr
 
 
 def _main(argv: list[str] | None) -> int:

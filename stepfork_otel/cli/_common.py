@@ -1,5 +1,6 @@
 """What every ``stepfork`` command shares: exit codes, the one-line error, bundle loading,
-fingerprint abbreviation, colour and progress on a terminal, and resolving a trusted entrypoint.
+fingerprint abbreviation, colour and progress on a terminal, text made inert for the terminal, and
+resolving a trusted entrypoint.
 
 Why one module: the commands must fail the same way (one line on stderr naming the problem, exit
 2, a traceback only with ``--verbose``), and a user reading two commands' output must see
@@ -7,6 +8,12 @@ fingerprints, previews and colours written the same way. ``import_cmd`` (issue 5
 Fingerprints are shortened by :func:`~stepfork_otel.trace.canonical.short_fingerprint` and payloads
 previewed by :func:`~stepfork_otel.replay.report.report_preview`, the spellings the pytest plugin
 uses as well.
+
+**Terminal output is inert.** A bundle is data: a run name, an error message or a payload must not
+recolour, conceal, retitle, clear or reorder what the terminal shows. Every line a command prints
+goes through :func:`terminal_safe` (or :meth:`Style.line`, the same with the command's own colours
+kept), where it is printed -- the bundle itself is never changed. ``--json`` output is escaped by
+:func:`json_text`.
 
 Only the standard library is used: the command is a thin layer over the package, and a colour or
 CLI framework would be a dependency for a few escape codes.
@@ -17,7 +24,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import json
 import os
+import re
+import secrets
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -53,10 +63,55 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# --- inert text ------------------------------------------------------------------------------------
+
+#: What :func:`terminal_safe` escapes: every C0 control character (newline and tab included), DEL,
+#: every C1 control, and the bidi controls -- embeddings and overrides (U+202A-U+202E), isolates
+#: (U+2066-U+2069), the marks (U+200E, U+200F) and the Arabic letter mark (U+061C).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+#: The same characters minus C0, which JSON escapes itself.
+_UNSAFE_IN_JSON = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _SHORT_ESCAPES.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` made inert for a terminal: every control character (C0 -- newline and tab too --,
+    DEL, C1) and every bidi control written as a Python-style escape (``\\n``, ``\\x1b``,
+    ``\\u202e``); everything else, other non-ASCII text included, unchanged.
+
+    Apply it to each line printed with text from a bundle (or to that text before it is put in a
+    line): the line's own structure is the newlines of the print, never those of the data."""
+    return _UNSAFE.sub(_escape, text)
+
+
+def inert_json(text: str) -> str:
+    """JSON text (``json.dumps(..., ensure_ascii=False)``) with the characters JSON leaves raw in
+    its strings -- DEL, C1, the bidi controls -- written as ``\\u`` escapes: the same data, inert.
+    (Also a valid Python string literal that means the same string.)"""
+    return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def json_text(data: Any) -> str:
+    """``--json`` output: indented JSON, non-ASCII kept, inert (:func:`inert_json`)."""
+    return inert_json(json.dumps(data, indent=2, ensure_ascii=False))
+
+
 def print_error(message: str, stream: TextIO | None = None) -> None:
-    """``stepfork: error: <message>`` on stderr, always one line (extra lines are dropped)."""
+    """``stepfork: error: <message>`` on stderr, always one line (extra lines are dropped) and
+    inert (:func:`terminal_safe`: a message quotes file names and bundle text)."""
     first = message.strip().splitlines()[0] if message.strip() else "unknown error"
-    print(f"stepfork: error: {first}", file=stream or sys.stderr)
+    print(f"stepfork: error: {terminal_safe(first)}", file=stream or sys.stderr)
+
+
+def print_note(message: str) -> None:
+    """``stepfork: note: <message>`` on stderr, inert."""
+    print(f"stepfork: note: {terminal_safe(message)}", file=sys.stderr)
 
 
 def load_bundle(path: str | os.PathLike[str]) -> Trace:
@@ -106,8 +161,25 @@ def is_terminal(stream: TextIO) -> bool:
         return False
 
 
+#: Marks the colours a :class:`Style` asks for until :func:`styled_line` writes them: random per
+#: process, so no bundle can contain one (and NUL-delimited, so none survives escaping).
+_MARK = "\x00" + secrets.token_hex(8)
+_MARKED = re.compile(f"{_MARK}([0-9;]+)\x00")
+
+
+def styled_line(text: str, escape: Callable[[str], str] = terminal_safe) -> str:
+    """``text`` with the colours a :class:`Style` marked in it written as ANSI codes and every
+    other part passed through ``escape`` (:func:`terminal_safe` by default)."""
+    parts = _MARKED.split(text)  # text, code, text, code, ..., text
+    return "".join(escape(part) if n % 2 == 0 else f"\033[{part}m" for n, part in enumerate(parts))
+
+
 class Style:
-    """ANSI colours, only when writing to a terminal and ``NO_COLOR`` is not set."""
+    """ANSI colours, only when writing to a terminal and ``NO_COLOR`` is not set.
+
+    The colours are *marked* in the text and written by :meth:`line`, which escapes everything
+    else (:func:`terminal_safe`): a line mixing the command's colours with bundle text is printed
+    ``print(style.line(text))``, and only the command's own colours reach the terminal."""
 
     def __init__(self, stream: TextIO | None, enabled: bool | None = None) -> None:
         if enabled is None:
@@ -115,7 +187,11 @@ class Style:
         self.enabled = enabled
 
     def _wrap(self, code: str, text: str) -> str:
-        return f"\033[{code}m{text}\033[0m" if self.enabled else text
+        return f"{_MARK}{code}\x00{text}{_MARK}0\x00" if self.enabled else text
+
+    def line(self, text: str) -> str:
+        """One line as it may be printed: inert, with this style's colours (:func:`styled_line`)."""
+        return styled_line(text)
 
     def bold(self, text: str) -> str:
         return self._wrap("1", text)
@@ -150,7 +226,7 @@ class Progress:
         self._thread: threading.Thread | None = None
 
     def _write(self, text: str) -> None:
-        self._stream.write("\r\033[K" + text)
+        self._stream.write("\r\033[K" + terminal_safe(text))
         self._stream.flush()
 
     def _loop(self) -> None:

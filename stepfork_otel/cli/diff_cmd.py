@@ -7,8 +7,12 @@ answer is found even when every request was the same), or the recorded failure t
 finally the run's outcome and output. Ids, timestamps and durations are not compared.
 
 Why stop at the first difference: everything after it usually differs *because of* it (a changed
-tool result changes the next prompt), so the first point is the one worth reading. Exit 0 same,
-1 different, 2 unreadable.
+tool result changes the next prompt), so the first point is the one worth reading.
+
+Why both bundles are verified first: payloads are compared by their *stored* fingerprints, so a
+payload edited after the bundle was written would compare as unchanged. A side whose fingerprints
+do not match its payloads is refused, as ``stepfork replay`` refuses it. Exit 0 same, 1 different,
+2 unreadable or failing the integrity check.
 """
 
 from __future__ import annotations
@@ -20,15 +24,17 @@ from dataclasses import dataclass
 from stepfork_otel.cli._common import (
     EXIT_DIFFERENT,
     EXIT_OK,
+    CliError,
     Style,
     abbreviate,
     add_common_arguments,
     load_bundle,
 )
-from stepfork_otel.replay.errors import first_difference
+from stepfork_otel.replay.errors import BundleIntegrityError, first_difference
 from stepfork_otel.replay.outcome import same_type_name
 from stepfork_otel.replay.report import report_preview
 from stepfork_otel.trace.canonical import stored_or_sha256
+from stepfork_otel.trace.checks import verify_integrity
 from stepfork_otel.trace.models import (
     ErrorEvent,
     LlmRequest,
@@ -43,7 +49,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "diff",
         help="the first point where two recorded runs differ",
         description="Compare two bundles: run input, call sequence, call inputs, tool results "
-        "and LLM outputs, then the final output. Exit 0: same; 1: different.",
+        "and LLM outputs, then the final output. Both bundles' fingerprints are verified first. "
+        "Exit 0: same; 1: different; 2: unreadable, or a fingerprint does not match its payload.",
     )
     parser.add_argument("a", metavar="A", help="first .sftrace bundle")
     parser.add_argument("b", metavar="B", help="second .sftrace bundle")
@@ -212,21 +219,42 @@ def _summary(trace: Trace) -> str:
     return f"{run.name or 'run'}, {status}, {len(trace.calls)} calls"
 
 
+def check_integrity(a: tuple[str, Trace], b: tuple[str, Trace]) -> None:
+    """Refuse (exit 2) when a stored fingerprint of either side does not match its payload: the
+    comparison reads the stored fingerprints, so an edited payload would compare as unchanged.
+    Names the side, the file and the first event that fails (and the other side if it fails too)."""
+    failed = [
+        (side, path, problems)
+        for side, (path, trace) in zip("AB", (a, b), strict=True)
+        if (problems := verify_integrity(trace))
+    ]
+    if not failed:
+        return
+    side, path, problems = failed[0]
+    message = f"{side}: {BundleIntegrityError(path, [str(p) for p in problems])}"
+    if len(failed) > 1:
+        other_side, other_path, other = failed[1]
+        message += f" ({other_side}: {other_path} fails the integrity check too ({other[0]}))"
+    raise CliError(message)
+
+
 def run(args: argparse.Namespace) -> int:
     a = load_bundle(args.a)
     b = load_bundle(args.b)
+    check_integrity((args.a, a), (args.b, b))
     style = Style(sys.stdout)
-    print(f"A: {args.a}  ({_summary(a)})")
-    print(f"B: {args.b}  ({_summary(b)})")
+    lines = [f"A: {args.a}  ({_summary(a)})", f"B: {args.b}  ({_summary(b)})"]
     difference = compare(a, b, args.verbose)
     if difference is None:
-        print(
+        lines.append(
             style.green("same")
             + f": {len(a.calls)} calls with the same inputs and results, the same outcome and "
             "final output (ids and timings not compared)"
         )
-        return EXIT_OK
-    print(style.red("different") + f" — first difference at {difference.where}: {difference.what}")
-    for line in difference.lines:
-        print(f"  {line}")
-    return EXIT_DIFFERENT
+    else:
+        lines.append(
+            style.red("different") + f" — first difference at {difference.where}: {difference.what}"
+        )
+        lines.extend(f"  {line}" for line in difference.lines)
+    print("\n".join(style.line(line) for line in lines))
+    return EXIT_OK if difference is None else EXIT_DIFFERENT

@@ -16,6 +16,15 @@ Calls recorded with replay policy ``forbidden`` or ``manual`` (a payment, say) a
 automatically: the generated test fails at them unless the user approves each by id
 (``--approve call-6``), which writes a visible approval list into the test (manual mode; the
 approved calls are substituted, their bodies never run).
+
+A test that could not pass on the code that recorded it is not written (exit 2): a live-mode test
+(``--allow-live-tool``) must allow-list every recorded tool that live mode would run -- it refuses
+the others, it does not substitute them -- and live mode can approve no call recorded as
+``forbidden`` or ``manual``.
+
+The generated file is valid Python whatever the bundle holds: bundle text appears only in string
+literals (control and bidi characters escaped) and in the escaped docstring, and the test's module
+and function names are ASCII identifiers derived from the bundle name (:func:`module_identifier`).
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import os
 import re
 import sys
 import textwrap
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +45,12 @@ from stepfork_otel.cli._common import (
     abbreviate,
     add_common_arguments,
     check_arguments,
+    inert_json,
     load_bundle,
+    print_note,
     recorded_arguments,
     resolve_entrypoint,
+    terminal_safe,
 )
 from stepfork_otel.replay.outcome import recorded_output_sha256
 from stepfork_otel.trace.bundle import bundle_stem
@@ -47,6 +60,8 @@ from stepfork_otel.trace.redaction import holds_marker
 
 #: Recorded outputs longer than this are not written into the test (the fingerprint is).
 MAX_INLINE_OUTPUT = 2000
+#: Longest name derived from a bundle name (file names stay far below the usual 255-byte limit).
+MAX_IDENTIFIER_CHARS = 64
 _TEMPLATE_NAMES = {
     "BUNDLE",
     "RECORDED_INPUT",
@@ -122,9 +137,15 @@ def _doc_safe(text: str) -> str:
     return text.encode("unicode_escape").decode("ascii").replace('"', '\\"')
 
 
-def _identifier(text: str) -> str:
-    name = re.sub(r"\W+", "_", text).strip("_").lower()
-    return name or "run"
+def module_identifier(text: str) -> str:
+    """A bundle name as the ASCII identifier part of the default file ``test_replay_<it>.py`` and
+    the test ``test_<it>_replays``: letters Unicode decomposes kept as their ASCII base (``ü`` ->
+    ``u``, ``²`` -> ``2``, ``ﬁ`` -> ``fi``), lower case, every other run of characters one
+    underscore, at most :data:`MAX_IDENTIFIER_CHARS`; ``run`` when nothing is left. ASCII, so the
+    module imports under any file system's normalisation of its name."""
+    ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    name = re.sub(r"[^a-z0-9_]+", "_", ascii_text.lower()).strip("_")
+    return name[:MAX_IDENTIFIER_CHARS].rstrip("_") or "run"
 
 
 def _literal(value: Any, indent: int = 0) -> str:
@@ -141,9 +162,19 @@ def _literal(value: Any, indent: int = 0) -> str:
     return "[\n" + "\n".join(items) + "\n" + " " * indent + "]"
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: a file name byte that is not UTF-8
+        return False
+    return True
+
+
 def _flat(value: Any) -> str:
     if isinstance(value, str):
-        text = json.dumps(value, ensure_ascii=False)  # a valid Python literal too
+        # a valid Python literal too; control and bidi characters escaped (inert_json), and all of
+        # it when the text cannot be written as UTF-8
+        text = inert_json(json.dumps(value, ensure_ascii=not _utf8(value)))
         if '"' in value and "'" not in value:  # as ruff/black quote it: fewer escapes
             return "'" + text[1:-1].replace('\\"', '"') + "'"
         return text
@@ -168,6 +199,45 @@ def _needs_approval(trace: Trace) -> list[CallEvent]:
     return [
         c for c in trace.calls if c.replay_policy in (ReplayPolicy.FORBIDDEN, ReplayPolicy.MANUAL)
     ]
+
+
+def _bare_name(call: CallEvent) -> str:
+    return call_label(call).removeprefix("tool ")  # a tool by its bare name
+
+
+def check_live_test_can_pass(trace: Trace, allow_live_tools: list[str]) -> None:
+    """A live-mode test fails on the very code that recorded it when live mode refuses one of its
+    calls: a call recorded with policy ``forbidden`` or ``manual`` (nothing approves it in live
+    mode), or a tool that is not allow-listed (live mode refuses it; it substitutes only tools
+    recorded with policy ``frozen``). :class:`CliError` naming them and the flags that help."""
+    gated = _needs_approval(trace)
+    if gated:
+        named = ", ".join(
+            f"{c.id} ({_bare_name(c)}, replay policy '{c.replay_policy.value}')" for c in gated
+        )
+        approvals = " ".join(f"--approve {c.id}" for c in gated)
+        raise CliError(
+            f"live mode refuses {named} even when allow-listed, so this test could never pass; "
+            "export a test that approves it instead (its recorded result substituted): leave out "
+            f"--allow-live-tool and add {approvals}"
+        )
+    allowed = set(allow_live_tools)
+    refused = [
+        name
+        for name in dict.fromkeys(
+            c.name
+            for c in trace.calls
+            if isinstance(c, ToolCall) and c.replay_policy is ReplayPolicy.REPLAYABLE
+        )
+        if name not in allowed
+    ]
+    if refused:
+        flags = " ".join(f"--allow-live-tool {name}" for name in refused)
+        raise CliError(
+            "live mode refuses every recorded tool that is not allow-listed, so this test could "
+            f"never pass: {', '.join(refused)} would be refused (add {flags}, or leave out "
+            "--allow-live-tool for a frozen test)"
+        )
 
 
 def render_test(
@@ -199,7 +269,7 @@ def render_test(
     if is_async:
         call = f"asyncio.run({call})"
     mode = "manual" if approved else "live" if allow_live_tools else "frozen"
-    stem = _identifier(bundle_stem(bundle.name))
+    stem = module_identifier(bundle_stem(bundle.name))
     failed = run.status == "error"
     output_sha = recorded_output_sha256(run)
 
@@ -345,23 +415,20 @@ def run(args: argparse.Namespace) -> int:
     tools = {c.name for c in trace.calls if isinstance(c, ToolCall)}
     for name in args.allow_live_tools:
         if name not in tools:
-            print(
-                f"stepfork: note: --allow-live-tool {name}: no recorded call of that tool",
-                file=sys.stderr,
-            )
+            print_note(f"--allow-live-tool {name}: no recorded call of that tool")
+    if args.allow_live_tools:
+        check_live_test_can_pass(trace, args.allow_live_tools)
     for call in _needs_approval(trace):
         if call.id not in args.approve:
-            named = call_label(call).removeprefix("tool ")  # a tool by its bare name
-            print(
-                f"stepfork: note: {call.id} ({named}) has replay policy "
+            print_note(
+                f"{call.id} ({_bare_name(call)}) has replay policy "
                 f"'{call.replay_policy.value}': the exported test fails at it unless approved "
-                f"with --approve {call.id}",
-                file=sys.stderr,
+                f"with --approve {call.id}"
             )
     output = (
         None
         if args.output == "-"
-        else Path(args.output or f"test_replay_{_identifier(bundle_stem(bundle.name))}.py")
+        else Path(args.output or f"test_replay_{module_identifier(bundle_stem(bundle.name))}.py")
     )
     text = render_test(
         trace,
@@ -393,6 +460,6 @@ def run(args: argparse.Namespace) -> int:
         if recorded_output_sha256(trace.run)
         else "checks the calls (no recorded output)"
     )
-    print(f"wrote {output} ({mode} replay of {args.trace}; {expects})")
-    print(f"run it: python -m pytest {output}")
+    print(terminal_safe(f"wrote {output} ({mode} replay of {args.trace}; {expects})"))
+    print(terminal_safe(f"run it: python -m pytest {output}"))
     return 0

@@ -17,6 +17,9 @@ with the recording process's rules given as ``--redaction-rules`` (the JSON file
 ``stepfork_otel.trace.redaction.files`` describes): with the same rules, the imported bundle is the
 bundle the process wrote.
 
+Every line printed is inert (:meth:`~stepfork_otel.cli._common.Style.line`): run names, error types
+and problems come from the input.
+
 Exit 0: every run imported whole. 1: something to look at (payloads missing, a run incomplete,
 lines skipped, nothing imported). 2: unreadable input (missing file, not OTLP JSON, a trace id
 not in the input).
@@ -134,13 +137,21 @@ def run(args: argparse.Namespace) -> int:
             path = _bundle_path(directory, trace, written)
             trace.save(path)
             state = style.green("complete") if trace.complete else style.red("INCOMPLETE")
-            print(f"{path}: {state} -- {_describe(trace)}")
+            print(style.line(f"{path}: {state} -- {_describe(trace)}"))
             if not trace.complete:
                 attention = True
-                print(f"  incomplete: {trace.incomplete_reason or 'the run was cut short'}")
+                print(
+                    style.line(
+                        f"  incomplete: {trace.incomplete_reason or 'the run was cut short'}"
+                    )
+                )
             for problem in missing_payloads(trace):
                 attention = True
-                print(f"  {style.yellow('missing')} {problem} -- {_consequence(trace, problem)}")
+                print(
+                    style.line(
+                        f"  {style.yellow('missing')} {problem} -- {_consequence(trace, problem)}"
+                    )
+                )
     except OtlpImportError as exc:
         print_error(str(exc))
         return EXIT_BAD_INPUT
@@ -168,12 +179,12 @@ def _print_summary(report: ImportReport, files: list[str], style: Style) -> None
         parts.append(f"{report.other_signals} lines of logs/metrics skipped")
     if report.base64_ids:
         parts.append("ids were base64 (protobuf JSON) and were decoded")
-    print("; ".join(parts))
+    print(style.line("; ".join(parts)))
     if report.traces == 0:
-        print(style.yellow("no recorded run found (no spans with stepfork attributes)"))
+        print(style.line(style.yellow("no recorded run found (no spans with stepfork attributes)")))
     if report.problems:
-        print(style.red(f"{len(report.problems)} problems in the input:"))
+        print(style.line(style.red(f"{len(report.problems)} problems in the input:")))
         for problem in report.problems[:_MAX_PROBLEMS_SHOWN]:
-            print(f"  {problem}")
+            print(style.line(f"  {problem}"))
         if len(report.problems) > _MAX_PROBLEMS_SHOWN:
             print(f"  … and {len(report.problems) - _MAX_PROBLEMS_SHOWN} more")

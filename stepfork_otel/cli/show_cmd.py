@@ -4,7 +4,8 @@ previews of the (already redacted) payloads.
 
 Reading only: nothing is imported or executed, not even the recorded entrypoint (shown as a hint).
 Fingerprints are not verified here (``stepfork validate --verify-integrity`` does that), so a
-tampered bundle can still be looked at. Colour only on a terminal.
+tampered bundle can still be looked at. Colour only on a terminal; every line is printed inert
+(:meth:`~stepfork_otel.cli._common.Style.line`).
 """
 
 from __future__ import annotations
@@ -160,7 +161,6 @@ def call_tree(trace: Trace, style: Style, verbose: bool) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     trace = load_bundle(args.trace)
     style = Style(sys.stdout)
-    print(
-        "\n".join([*run_lines(trace, style, args.verbose), *call_tree(trace, style, args.verbose)])
-    )
+    lines = [*run_lines(trace, style, args.verbose), *call_tree(trace, style, args.verbose)]
+    print("\n".join(style.line(line) for line in lines))
     return 0

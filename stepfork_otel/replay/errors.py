@@ -6,7 +6,9 @@
     ├── ReplayMismatchError          the run left the recorded path (order, kind, name, provider,
     │   │                            model, input, fingerprint, a missing result, left-over calls)
     │   └── ReplayExhaustedError     a call after the recording was used up, or consumed twice
-    ├── ReplayPolicyError            the session mode or the call's recorded policy forbids it
+    ├── ReplayPolicyError            the session mode or the call's policy forbids it
+    │   └── NetworkRefusedError      traffic no boundary serves, refused during a replay
+    │                                (in ``replay/network.py``, beside the guard that raises it)
     ├── RecordedDependencyError      the dependency failed while recording; replayed as this
     ├── ReplayModeError              an unknown or reserved mode, or options that do not fit the
     │                                mode (also a ValueError: it is a bad argument)
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepfork_otel.constants import ERROR_PREVIEW_CHARS
-from stepfork_otel.trace.errors import BundleError
+from stepfork_otel.trace.errors import BundleError, one_line
 from stepfork_otel.trace.models import label
 
 #: ``CallDescription.fingerprint_source`` of a legacy bundle's call whose fingerprint replay computed.
@@ -85,7 +87,8 @@ class CallDescription:
         return label(self.kind, self.name, self.provider, self.model)
 
     def lines(self, indent: str = "    ") -> list[str]:
-        out = [f"{self.label()}" + (f" ({self.event_id})" if self.event_id else "")]
+        # names and ids come from the bundle: one line each, so none can forge a line of its own
+        out = [one_line(self.label() + (f" ({self.event_id})" if self.event_id else ""))]
         out.append(f"{indent}input: {preview(self.input_preview)}")
         source = (
             "" if self.fingerprint_source in ("stored", "live") else f" ({self.fingerprint_source})"
@@ -95,7 +98,7 @@ class CallDescription:
         if self.output_sha256:
             out.append(f"{indent}recorded output sha256: {self.output_sha256}{source}")
         if self.kind == "llm" and self.model_fingerprint:
-            op = f" (operation {self.operation})" if self.operation else ""
+            op = f" (operation {one_line(self.operation)})" if self.operation else ""
             out.append(f"{indent}model fingerprint: {self.model_fingerprint}{op}")
         return out
 

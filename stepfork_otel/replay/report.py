@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from stepfork_otel import constants as k
 from stepfork_otel.constants import REPORT_PREVIEW_CHARS, VERBOSE_PREVIEW_CHARS
-from stepfork_otel.replay.errors import ReplayError, preview
+from stepfork_otel.replay.errors import ReplayError, ReplayPolicyError, preview
 from stepfork_otel.trace.canonical import short_fingerprint
+from stepfork_otel.trace.errors import one_line
 from stepfork_otel.trace.models import call_label
 
 if TYPE_CHECKING:  # annotations only: the CLI's previews need no session loaded
@@ -85,7 +86,8 @@ def abbreviate_in_text(text: str, verbose: bool = False) -> str:
 
 
 def _recorded(rc: RecordedCall) -> str:
-    return f"{rc.event.id} {call_label(rc.event)}"
+    # bundle text: escaped, so a line break in an id or a name is not one of the report's
+    return one_line(f"{rc.event.id} {call_label(rc.event)}")
 
 
 def _matched(result: ReplayResult) -> int:
@@ -131,18 +133,25 @@ def _call_lines(result: ReplayResult, style: Highlight, indent: str) -> list[str
         for error in result.errors
         if error.position is not None and error.expected is not None
     }
+    refused_unmatched = {  # refused by the mode before any recorded call was matched
+        error.position
+        for error in result.errors
+        if isinstance(error, ReplayPolicyError) and error.expected is None
+    }
     for call, label in zip(result.calls, labels, strict=True):
         action = style.status(f"{call.action:<11}")
         if call.recorded_id:
-            rec = f"<- {call.recorded_id}"
+            rec = f"<- {one_line(call.recorded_id)}"
         elif expected_at.get(call.position):
-            rec = f"(expected {expected_at[call.position]})"
+            rec = f"(expected {one_line(expected_at[call.position] or '')})"
+        elif call.position in refused_unmatched:
+            rec = "(refused before matching)"
         else:
             rec = "(matched no recorded call)"
         lines.append(
             f"{indent}{call.position:>3}. {action} {label:<{width}}  {rec}{_call_suffix(call)}"
         )
-        lines.extend(f"{indent}       note: {note}" for note in call.notes)
+        lines.extend(f"{indent}       note: {one_line(note)}" for note in call.notes)
     if result.pending:
         lines.append(
             f"{indent}not reached: " + ", ".join(_recorded(rc) for rc in result.pending_calls)
