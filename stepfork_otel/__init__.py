@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         ReplayPolicyError,
         ReplaySessionError,
     )
+    from stepfork_otel.replay.network import NetworkRefusedError
     from stepfork_otel.replay.results import ReplayResult
     from stepfork_otel.replay.session import ReplaySession
     from stepfork_otel.trace.canonical import UnserialisableError, canonical_json, fingerprint
@@ -72,6 +73,7 @@ _EXPORTS: dict[str, str] = {
     "ReplayResult": "stepfork_otel.replay.results",
     "ReplaySession": "stepfork_otel.replay.session",
     "ReplaySessionError": "stepfork_otel.replay.errors",
+    "NetworkRefusedError": "stepfork_otel.replay.network",
     "RunInfo": "stepfork_otel.trace.models",
     "RunRecorder": "stepfork_otel.otel.run",
     "SecretPattern": "stepfork_otel.trace.redaction",
@@ -112,6 +114,7 @@ __all__ = [
     "ImportReport",
     "LlmRequest",
     "LlmResponse",
+    "NetworkRefusedError",
     "OtlpImportError",
     "RecordedDependencyError",
     "Redactor",

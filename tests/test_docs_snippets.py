@@ -53,16 +53,7 @@ PYTHON_LANGUAGES = {"python", "py", "python3"}
 TIMEOUT_SECONDS = 60
 
 #: (page, a line of the block) -> why it fails. Pages other people own; see the module docstring.
-EXPECTED_FAILURES: dict[tuple[str, str], str] = {
-    (
-        "docs/cli.md",
-        'BUNDLE = Path(__file__).parent / "../examples/out/success.sftrace"',
-    ): (
-        "docs/cli.md, 'The test part of tests/test_replay_success.py': an excerpt of the exported "
-        "file (Path, RecordedCall, ReplayPolicy, pytest are imported above the excerpt) without "
-        "a `<!-- snippet: fragment -->` marker: NameError: name 'Path' is not defined"
-    ),
-}
+EXPECTED_FAILURES: dict[tuple[str, str], str] = {}
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<lang>[^\s`]*)")
 _MARKER = re.compile(r"^\s*<!--\s*snippet:(?P<tokens>.*?)-->\s*$")

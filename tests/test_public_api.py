@@ -12,6 +12,7 @@ EXPECTED = {
     "ImportReport",
     "LlmRequest",
     "LlmResponse",
+    "NetworkRefusedError",
     "OtlpImportError",
     "RecordedDependencyError",
     "Redactor",
@@ -69,6 +70,7 @@ def test_error_hierarchy() -> None:
     assert issubclass(stepfork_otel.ReplayModeError, ReplayError)
     assert issubclass(stepfork_otel.ReplayModeError, ValueError)
     assert issubclass(stepfork_otel.ReplaySessionError, ReplayError)
+    assert issubclass(stepfork_otel.NetworkRefusedError, ReplayPolicyError)
     assert issubclass(stepfork_otel.BundleIntegrityError, stepfork_otel.BundleError)
     assert issubclass(stepfork_otel.BundleIntegrityError, ReplayError)
 

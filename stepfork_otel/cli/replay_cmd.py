@@ -13,6 +13,10 @@ Exit codes: 0 matched (or reproduced the recorded failure), 1 diverged, 2 bad in
 The entrypoint is trusted code named by the user and resolved against the working directory;
 nothing named in the bundle is imported (its recorded entrypoint is shown as a hint only). With
 ``--json`` the entrypoint's own prints go to stderr so stdout stays one JSON object.
+
+Replay errors are worded for the Python API (``allow_live_tools``, ``ReplaySession(...,
+approve=...)``); printed here they name this command's flags instead (:data:`CLI_WORDING`, applied
+to the reason of each error the command shows, never to payload text).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import argparse
 import asyncio
 import contextlib
 import inspect
-import json
+import re
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -40,9 +44,11 @@ from stepfork_otel.cli._common import (
     call_text,
     check_arguments,
     is_terminal,
+    json_text,
     load_bundle,
     recorded_arguments,
     resolve_entrypoint,
+    terminal_safe,
 )
 from stepfork_otel.replay.errors import (
     RecordedDependencyError,
@@ -50,6 +56,7 @@ from stepfork_otel.replay.errors import (
     ReplayModeError,
     ReplayPolicyError,
 )
+from stepfork_otel.replay.network import NetworkGuard
 from stepfork_otel.replay.outcome import OutcomeComparison, compare_outcome, describe_exception
 from stepfork_otel.replay.plan import RecordedCall
 from stepfork_otel.replay.report import (
@@ -97,6 +104,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="with --mode live: a tool that may run for real (repeat for more)",
     )
     parser.add_argument(
+        "--allow-network",
+        action="append",
+        default=[],
+        dest="allow_network",
+        metavar="HOST[:PORT]",
+        help="a host the entrypoint may still connect to outside the boundaries (everything "
+        "else is refused during the replay; repeat for more)",
+    )
+    parser.add_argument(
         "--live-llm",
         action="append",
         default=[],
@@ -107,6 +123,72 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     add_common_arguments(parser)
+
+
+# --- the command's wording of replay errors -------------------------------------------------------
+
+#: How a replay error written for the Python API reads when this command prints it: the API's
+#: parameters become the flags that set them. Applied in order to an error's reason.
+CLI_WORDING: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r"named in allow_live_tools \(--allow-live-tool ([^)]*)\)"),
+        r"named with --allow-live-tool \1",
+    ),
+    (  # manual mode with nothing to ask: stdin or stderr is not a terminal
+        re.compile(
+            r"for every call and no approval callback was given "
+            r"\(ReplaySession\(\.\.\., approve=\.\.\.\)\)"
+        ),
+        "for every call, and stepfork replay asks for one only when stdin and stderr are a "
+        "terminal",
+    ),
+    (  # a call recorded with policy manual/forbidden, in a mode that asks nothing
+        re.compile(
+            r" and no approval callback was given \(ReplaySession\(\.\.\., approve=\.\.\.\)\)"
+        ),
+        ", and stepfork replay asks for approvals only with --mode manual on a terminal",
+    ),
+    (re.compile(r"\(this session is '(\w+)'\)"), r"(this replay is --mode \1)"),
+    (re.compile(r"^mode '(\w+)' needs live_llms\b"), r"--mode \1 needs --live-llm"),
+    (re.compile(r"\bonly applies to mode '(\w+)'"), r"only applies to --mode \1"),
+    # whatever else names them
+    (re.compile(r"\ballow_live_tools\b"), "--allow-live-tool"),
+    (re.compile(r"\blive_llms\b"), "--live-llm"),
+    (re.compile(r"ReplaySession\(\.\.\., approve=\.\.\.\)"), "--mode manual on a terminal"),
+)
+
+
+def cli_wording(reason: str) -> str:
+    """A replay error's reason in this command's terms (:data:`CLI_WORDING`)."""
+    for pattern, replacement in CLI_WORDING:
+        reason = pattern.sub(replacement, reason)
+    return reason
+
+
+class _Reworder:
+    """Rewrites, in the text the command prints, the reason of each given error in its CLI wording
+    (the reason's exact text is replaced: a payload that merely contains a parameter's name is
+    shown as it is)."""
+
+    def __init__(self, errors: list[BaseException | None]) -> None:
+        reasons = {e.reason for e in errors if isinstance(e, ReplayError)}
+        self._changes = [(r, cli_wording(r)) for r in sorted(reasons, key=len, reverse=True)]
+        self._changes = [(old, new) for old, new in self._changes if old != new]
+
+    def __call__(self, text: str) -> str:
+        for old, new in self._changes:
+            text = text.replace(old, new)
+        return text
+
+    def data(self, value: Any) -> Any:
+        """Every string of a JSON-ready structure reworded."""
+        if isinstance(value, str):
+            return self(value)
+        if isinstance(value, dict):
+            return {k: self.data(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.data(v) for v in value]
+        return value
 
 
 # --- manual approval -------------------------------------------------------------------------------
@@ -120,13 +202,13 @@ def prompt_approver(verbose: bool) -> Callable[[RecordedCall], bool]:
         label = call_label(event)
         outcome = rc.outcome
         out = sys.stderr
-        print(
-            f"\nrecorded call {event.id}: {label} (replay policy {event.replay_policy.value})",
-            file=out,
-        )
-        print(f"  input:  {report_preview(call_input_text(event), verbose)}", file=out)
+        lines = [
+            f"recorded call {event.id}: {label} (replay policy {event.replay_policy.value})",
+            f"  input:  {report_preview(call_input_text(event), verbose)}",
+        ]
         if outcome is not None:
-            print(f"  result: {report_preview(outcome.output, verbose)}", file=out)
+            lines.append(f"  result: {report_preview(outcome.output, verbose)}")
+        print("", *(terminal_safe(line) for line in lines), sep="\n", file=out)
         out.write("substitute the recorded result (the call's body does not run)? [y/N] ")
         out.flush()
         answer = sys.stdin.readline()
@@ -239,6 +321,10 @@ class ReplayReport:
             return "diverged from the recording (dependency calls)"
         return "diverged from the recording (outcome)"
 
+    def reworder(self) -> _Reworder:
+        """The CLI wording of the errors this report shows."""
+        return _Reworder([*self.result.errors, self.execution.raised])
+
     def to_dict(self, verbose: bool) -> dict[str, Any]:
         run = self.trace.run
         data = {
@@ -262,9 +348,14 @@ class ReplayReport:
             "result": self.conclusion(),
             "exit_code": self.exit_code,
         }
-        return abbreviate_in_data(data, verbose)  # type: ignore[no-any-return]
+        return abbreviate_in_data(self.reworder().data(data), verbose)  # type: ignore[no-any-return]
 
     def render(self, style: Style, verbose: bool) -> str:
+        """The report as printed: each line in the CLI wording and inert (``style.line``)."""
+        reword = self.reworder()
+        return "\n".join(style.line(reword(line)) for line in self._lines(style, verbose))
+
+    def _lines(self, style: Style, verbose: bool) -> list[str]:
         i = "   "
         lines = [
             style.bold(f"stepfork replay {self.trace_path}"),
@@ -289,7 +380,7 @@ class ReplayReport:
         )
         lines += [
             "",
-            matching,
+            *matching.split("\n"),
             *(f"{i}hint: {hint}" for hint in self.hints),
             "",
             style.bold("3. Output comparison: ") + style.status(self.outcome.verdict),
@@ -301,7 +392,7 @@ class ReplayReport:
                 f" · this run {abbreviate(self.outcome.replayed_sha256, verbose)}"
             )
         lines += ["", f"result: {self.conclusion()} (exit {self.exit_code})"]
-        return "\n".join(lines)
+        return lines
 
 
 def _policy_hint(trace: Trace, result: ReplayResult, args: argparse.Namespace) -> list[str]:
@@ -342,6 +433,10 @@ def run(args: argparse.Namespace) -> int:
         mode = parse_mode(args.mode)  # before anything is read or imported
     except ReplayModeError as exc:
         raise CliError(str(exc)) from None
+    try:
+        allow_network = NetworkGuard(args.allow_network).allow
+    except ValueError as exc:  # an entry that is not HOST[:PORT]
+        raise CliError(f"--allow-network: {exc}") from None
     trace = load_bundle(args.trace)
     fn = resolve_entrypoint(args.entrypoint)
     call_args, call_kwargs = recorded_arguments(trace)
@@ -355,10 +450,13 @@ def run(args: argparse.Namespace) -> int:
             allow_live_tools=args.allow_live_tools,
             live_llms=args.live_llms,
             approve=approve,
+            allow_network=allow_network,
             source=args.trace,
         )
-    except (BundleError, ReplayModeError) as exc:  # tampered bundle; options that do not fit
+    except BundleError as exc:  # tampered bundle
         raise CliError(str(exc)) from None
+    except ReplayModeError as exc:  # options that do not fit the mode
+        raise CliError(cli_wording(str(exc))) from None
     execution = Execution(call_text(args.entrypoint, call_args, call_kwargs))
     execute(
         session,
@@ -383,7 +481,7 @@ def run(args: argparse.Namespace) -> int:
     if mode is not ReplayMode.MANUAL:
         report.hints = _policy_hint(trace, report.result, args)
     if args.json:
-        print(json.dumps(report.to_dict(args.verbose), indent=2, ensure_ascii=False))
+        print(json_text(report.to_dict(args.verbose)))
     else:
         print(report.render(Style(sys.stdout), args.verbose))
     return report.exit_code

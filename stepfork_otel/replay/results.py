@@ -275,7 +275,9 @@ def incomplete_error(
     else:
         reason = "the run diverged from the recording (the agent caught the error)"
     details.extend(
-        f"raised during the run: {type(e).__name__} at call {e.position}: {e.reason}"
+        f"raised during the run: {type(e).__name__}"
+        + (f" at call {e.position}" if e.position is not None else "")
+        + f": {e.reason}"
         for e in caught
     )
     return ReplayMismatchError(

@@ -47,8 +47,10 @@ from stepfork_otel.replay.decisions import Approver, Verdict, parse_mode
 from stepfork_otel.replay.errors import (
     BundleIntegrityError,
     ReplayError,
+    ReplayPolicyError,
     ReplaySessionError,
 )
+from stepfork_otel.replay.network import GuardToken, LiveToken, NetworkGuard
 from stepfork_otel.replay.plan import RecordedCall, build_plan, descendants
 from stepfork_otel.replay.results import Action, LiveLlm, ReplayedCall, ReplayResult
 from stepfork_otel.replay.substitution import Substitution, substitute
@@ -88,6 +90,8 @@ class _Decision(ReplayDecision):
     recorded: RecordedCall | None = None
     """The recorded call an executed body stands for (None: substituted)."""
     token: Token[int | None] | None = None
+    live: LiveToken | None = None
+    """The network guard's opening for an executed body (closed when it ends)."""
 
     def end(self, output: Payload | None, error: BaseException | None) -> None:
         if self.session is not None:
@@ -106,7 +110,9 @@ class ReplaySession:
     ``live_llms``: in ``hybrid`` mode, the LLMs that run again: ``"provider/model"``,
     ``"provider/*"`` or ``"model"``. ``approve``: called with each :class:`RecordedCall` that
     needs an approval (every call in ``manual`` mode; calls recorded with policy ``manual`` or
-    ``forbidden``); return True to allow it.
+    ``forbidden``); return True to allow it. ``allow_network``: ``"host"`` or ``"host:port"``
+    entries that code outside the boundaries may still connect to while the session is active
+    (everything else is refused: see :mod:`stepfork_otel.replay.network`).
 
     Raises :class:`ReplayModeError` for an unknown/reserved mode or options that do not fit the
     mode, :class:`~stepfork_otel.trace.bundle.BundleError` for an inconsistent trace and
@@ -121,6 +127,7 @@ class ReplaySession:
         allow_live_tools: Iterable[str] = (),
         live_llms: Iterable[str] = (),
         approve: Approver | None = None,
+        allow_network: Iterable[str] = (),
         source: str | None = None,
         _structure_checked: bool = False,
     ) -> None:
@@ -130,6 +137,9 @@ class ReplaySession:
         self.allow_live_tools = decisions.names(allow_live_tools, "allow_live_tools")
         self.live_llms = decisions.names(live_llms, "live_llms")
         decisions.check_options(self.mode, self.allow_live_tools, self.live_llms)
+        self._network = NetworkGuard(allow_network, on_refusal=self._network_refused)
+        self.allow_network = self._network.allow
+        self._network_token: GuardToken | None = None
         self.trace = trace
         self.source = source
         self.approve = approve
@@ -157,6 +167,7 @@ class ReplaySession:
         allow_live_tools: Iterable[str] = (),
         live_llms: Iterable[str] = (),
         approve: Approver | None = None,
+        allow_network: Iterable[str] = (),
     ) -> ReplaySession:
         """A session over a bundle path or an in-memory :class:`Trace`.
 
@@ -168,6 +179,7 @@ class ReplaySession:
         decisions.check_options(
             parse_mode(mode), allow_live_tools, live_llms
         )  # before reading anything
+        allow_network = NetworkGuard(allow_network).allow  # validated before reading, too
         trace = load_any(source)
         return cls(
             trace,
@@ -175,6 +187,7 @@ class ReplaySession:
             allow_live_tools=allow_live_tools,
             live_llms=live_llms,
             approve=approve,
+            allow_network=allow_network,
             source=None if isinstance(source, Trace) else str(source),
             _structure_checked=not isinstance(source, Trace),  # load_trace checked it
         )
@@ -193,6 +206,7 @@ class ReplaySession:
             )
         self._state = "active"
         self._token = current_session.set(self)
+        self._network_token = self._network.activate()
         return self
 
     def __exit__(
@@ -205,6 +219,9 @@ class ReplaySession:
         # the agent is never replaced by a completeness error.
         with self._lock:
             self._state = "closed"
+        if self._network_token is not None:
+            self._network.deactivate(self._network_token)
+            self._network_token = None
         if self._token is not None:
             current_session.reset(self._token, self)
             self._token = None
@@ -331,6 +348,9 @@ class ReplaySession:
             if token is not None:
                 decision.token = None
                 self._executing.reset(token)
+            if decision.live is not None:
+                opening, decision.live = decision.live, None
+                self._network.exit_live(opening)
             replayed.status = "error" if error is not None else "ok"
             if error is not None:  # a live body's own exception: redacted like any recorded message
                 replayed.error = results.described_error(error)
@@ -395,8 +415,20 @@ class ReplaySession:
         if replayed.kind == "llm":
             self._last_live = LiveLlm.of(replayed, expected)
         return _Decision(
-            ACTION_EXECUTED, session=self, replayed=replayed, recorded=expected, token=token
+            ACTION_EXECUTED,
+            session=self,
+            replayed=replayed,
+            recorded=expected,
+            token=token,
+            live=self._network.enter_live(),  # the body may reach its service
         )
+
+    def _network_refused(self, error: ReplayPolicyError) -> None:
+        """A connection no boundary serves was refused: a divergence, even if the agent swallows
+        the error, so ``verify_complete()`` fails."""
+        with self._lock:
+            self._errors.append(error)
+            self._divergences.append(error)
 
     def _substitute(
         self, replayed: ReplayedCall, expected: RecordedCall, outcome: Substitution
