@@ -4,7 +4,7 @@ Installed as the ``pytest11`` entry point ``stepfork`` and opt-in: loading it re
 a fixture and an option, and changes nothing for a test that uses none of them.
 
 * ``@pytest.mark.stepfork_replay(path, mode="frozen", allow_live_tools=(), live_llms=(),
-  approve=None, verify_complete=True)`` replays the bundle around the test body: the session is
+  approve=None, allow_network=(), verify_complete=True)`` replays the bundle around the test body: the session is
   entered just before the test function runs and left just after (fixtures are not replayed). A
   relative ``path`` is relative to the test file. The ``stepfork_replay`` fixture is that
   session, so the test can call ``verify_complete()``, read ``calls`` or run the assertions.
@@ -74,7 +74,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         f"{MARKER}(path, mode='frozen', allow_live_tools=(), live_llms=(), approve=None, "
-        "verify_complete=True): replay a .sftrace bundle around the test body",
+        "allow_network=(), verify_complete=True): replay a .sftrace bundle around the test body",
     )
     config.addinivalue_line(
         "markers",
