@@ -293,7 +293,17 @@ def test_layout_is_json_lines_with_payloads_on_their_own_lines(tmp_path: Path) -
     ]
     assert seen == expected
     assert all("input" not in obj and "output" not in obj for obj in parsed[3:-1:2])
-    assert parsed[-1] == {"end": "sftrace", "events": len(trace.events)}
+    # the end line counts the events and fingerprints every line but the payload lines (see
+    # docs/bundle-format.md): the header and event lines, then the payload map
+    payload_map = "io" + "".join(
+        "i" if e.type.endswith(("_call", "_request")) else "o" for e in trace.events
+    )
+    covered = "".join(line + "\n" for line in [lines[0], *lines[3:-1:2]]) + payload_map
+    assert parsed[-1] == {
+        "end": "sftrace",
+        "events": len(trace.events),
+        "lines_sha256": _sha(covered),
+    }
     # the payload line holds exactly the text that was hashed
     assert hashlib.sha256(lines[4][len('{"input":') : -1].encode()).hexdigest() == (
         trace.events[0].input_sha256
@@ -373,12 +383,22 @@ BROKEN: dict[str, tuple[Callable[[Path], Path], str]] = {
     "a directory": (lambda d: _mkdir(d / "dir.sftrace"), "is a directory"),
     "empty file": (lambda d: _write(d / "e.sftrace", b""), "empty file"),
     "only whitespace": (lambda d: _write(d / "w.sftrace", b" \n\t"), "empty file"),
-    "not JSON": (lambda d: _write(d / "n.sftrace", "hello: world\n"), "not valid JSON"),
+    "not JSON": (
+        lambda d: _write(d / "n.sftrace", "hello: world\n"),
+        "not a .sftrace bundle (it starts with b'hello: w', not with the header line",
+    ),
     "YAML object tag": (
         lambda d: _write(d / "y.sftrace", "!!python/object/apply:os.system ['true']\n"),
-        "not valid JSON",
+        "not a .sftrace bundle (it starts with b'!!python'",
     ),
-    "binary garbage": (lambda d: _write(d / "b.sftrace", bytes(range(256))), "not valid JSON"),
+    "binary garbage": (
+        lambda d: _write(d / "b.sftrace", bytes(range(256))),
+        "not a .sftrace bundle (it starts with b'\\x00\\x01",
+    ),
+    "an object that is not JSON": (
+        lambda d: _write(d / "j.sftrace", b"{hello}\n"),
+        "not a .sftrace bundle (its first line is not JSON)",
+    ),
     "a JSON list": (lambda d: _write(d / "l.sftrace", b"[1, 2]"), "not a .sftrace bundle"),
     "another JSON object": (
         lambda d: _write(d / "o.sftrace", {"resourceSpans": []}),
@@ -551,7 +571,8 @@ def test_a_gzip_bomb_stops_at_the_cap(tmp_path: Path, monkeypatch: pytest.Monkey
     error = _load_error(bomb)
     assert "expands beyond 1000000 bytes" in str(error)
     # the cap counts every gzip member together
-    two = gzip.compress(b" " * 600_000) + gzip.compress(b" " * 600_000)
+    head = dump_trace(make_trace()).split(b"\n")[0] + b"\n"
+    two = gzip.compress(head + b" " * 600_000) + gzip.compress(b" " * 600_000)
     assert "expands beyond" in str(_load_error(_write(tmp_path / "two.sftrace.gz", two)))
     # a bundle below the cap still loads
     small = save_trace(make_trace(), tmp_path / "ok.sftrace.gz")
@@ -654,7 +675,7 @@ HOSTILE: dict[str, tuple[bytes, str]] = {
         "line 6: not an event, payload or end line",
     ),
     "end line with the wrong count": (
-        _SRC.replace(b'"events":10}', b'"events":9}'),
+        _SRC.replace(b'"events":10,', b'"events":9,'),
         "end line does not match: it declares 9 events, found 10",
     ),
     "payload line without its closing brace": (

@@ -50,7 +50,7 @@ def _cases(d: Path, good: Path) -> dict[str, Case]:
         "missing": (d / "missing.sftrace", "missing.sftrace: no such file"),
         "directory": (d, "is a directory, not a .sftrace bundle"),
         "empty": (d / "empty.sftrace", "empty file, not a .sftrace bundle"),
-        "text": (d / "notes.txt", "notes.txt: not valid JSON (truncated or not a bundle)"),
+        "text": (d / "notes.txt", "notes.txt: not a .sftrace bundle (it starts with b'not a bu'"),
         "json": (d / "other.json", 'not a .sftrace bundle (no "format": "sftrace" field)'),
         "truncated": (d / "truncated.sftrace", "truncated.sftrace: truncated bundle (no end line"),
         "newer": (d / "newer.sftrace", "format version 99 is newer than this stepfork_otel"),

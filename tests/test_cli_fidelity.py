@@ -617,10 +617,6 @@ def test_a_line_break_in_a_recorded_id_is_not_a_line_of_the_replay_report(
         assert "call-2\\nresult: completed and matched the recording (exit 0)" in result.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cli/validate_cmd.py prints its lines without Style.line (remove when it does)",
-)
 def test_validate_escapes_bundle_text(bundles: Bundles, tmp_path: Path) -> None:
     trace = Trace.load(bundles.failure)
     hostile_id = "call-2\u202e\x9b[8m"

@@ -1,13 +1,20 @@
-"""``stepfork validate TRACE... [--verify-integrity]``: is each bundle well formed, and (with the
-flag) does every stored fingerprint match its payload?
+"""``stepfork validate TRACE... [--verify-integrity]``: is each bundle well formed and replayable,
+and (with the flag) does every stored fingerprint match what it covers?
 
 Exit 0 all valid, 1 one or more invalid (each problem listed with the event it concerns), 2 one or
 more unreadable (missing, a directory, not a bundle, truncated, a newer format version). Problems
 are listed exhaustively -- loading a bundle stops at the first one, so this command re-runs the
 schema validation to collect every error and maps each to its event's id.
 
-Calls that replay cannot serve (no recorded result, a payload left off the span) are reported as
-warnings: the bundle is valid, but replay will stop at those calls.
+A call whose recorded output (or input) could not be serialised when it was recorded -- the
+``{"$unserialisable": ...}`` marker -- is a problem (exit 1), with or without the flag: replay
+cannot serve it. Calls that replay cannot serve for want of data (no recorded result, a payload
+left off the span) are reported as warnings: the bundle is valid, but replay will stop at those
+calls. With the flag, what an older bundle leaves unverified (no lines fingerprint, payloads
+without a fingerprint) is a warning too.
+
+Every line is printed inert (:meth:`Style.line`): an event id, a file name or a message quoting
+bundle data cannot recolour, conceal or reorder the terminal.
 """
 
 from __future__ import annotations
@@ -24,7 +31,13 @@ from stepfork_otel.cli._common import (
     print_error,
 )
 from stepfork_otel.trace.bundle import read_trace, schema_problems
-from stepfork_otel.trace.checks import missing_payloads, validate_structure, verify_integrity
+from stepfork_otel.trace.checks import (
+    missing_payloads,
+    unreplayable_calls,
+    unverified_fields,
+    validate_structure,
+    verify_integrity,
+)
 from stepfork_otel.trace.errors import BundleError, BundleVersionError, Problem
 from stepfork_otel.trace.models import Trace
 
@@ -42,7 +55,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument(
         "--verify-integrity",
         action="store_true",
-        help="check every stored SHA-256 fingerprint against its payload",
+        help=(
+            "check every stored SHA-256 fingerprint: the payloads, and the lines fingerprint "
+            "over every other field"
+        ),
     )
     add_common_arguments(parser)
 
@@ -61,7 +77,10 @@ def check(path: str, verify: bool) -> tuple[Trace | None, list[Problem], list[Pr
     problems = validate_structure(trace)
     if verify:
         problems += verify_integrity(trace)
+    problems += unreplayable_calls(trace)
     warnings = missing_payloads(trace)
+    if verify:
+        warnings += unverified_fields(trace)
     if not trace.complete:
         warnings.insert(
             0, Problem(None, f"incomplete run ({trace.incomplete_reason or 'cut short'})")
@@ -87,17 +106,19 @@ def run(args: argparse.Namespace) -> int:
             continue
         if problems:
             count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
-            print(f"{path}: {style.red('INVALID')} ({count})")
+            print(style.line(f"{path}: {style.red('INVALID')} ({count})"))
             for problem in problems:
-                print(f"  {_label(problem)}")
+                print(style.line(f"  {_label(problem)}"))
             worst = max(worst, EXIT_DIFFERENT)
         else:
             assert trace is not None
             checked = ", every fingerprint verified" if args.verify_integrity else ""
             print(
-                f"{path}: {style.green('valid')} ({len(trace.calls)} calls, "
-                f"{len(trace.events)} events{checked})"
+                style.line(
+                    f"{path}: {style.green('valid')} ({len(trace.calls)} calls, "
+                    f"{len(trace.events)} events{checked})"
+                )
             )
         for warning in warnings:
-            print(f"  {style.yellow('warning')} {_label(warning)}")
+            print(style.line(f"  {style.yellow('warning')} {_label(warning)}"))
     return worst
