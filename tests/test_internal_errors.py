@@ -15,6 +15,7 @@ from conftest import Recording
 import stepfork_otel._internal as internal
 import stepfork_otel.otel.processor as processor_module
 from stepfork_otel import (
+    RecordedDependencyError,
     ReplayMismatchError,
     ReplayPolicyError,
     ReplaySession,
@@ -338,6 +339,26 @@ def test_processor_force_flush_snapshot(
     assert results == [True]
     assert internal_errors(logged) == [
         "stepfork_otel internal error while flushing open traces; the program continues"
+    ]
+
+
+def test_a_substituted_failure_is_raised_even_when_its_span_cannot_record_it(
+    recording: Recording,
+    logged: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    @trace_tool
+    def failing() -> None:
+        raise LookupError("recorded failure")
+
+    with record(tmp_path / "rec.sftrace"), pytest.raises(LookupError):
+        failing()
+    monkeypatch.setattr(boundaries, "record_failure", explode)
+    with ReplaySession.from_trace(tmp_path / "rec.sftrace"), pytest.raises(RecordedDependencyError):
+        failing()
+    assert internal_errors(logged) == [
+        "stepfork_otel internal error while recording a substituted outcome; the program continues"
     ]
 
 

@@ -21,6 +21,7 @@ import http.server
 import inspect
 import os
 import socket
+import sys
 import tempfile
 import threading
 import urllib.request
@@ -34,6 +35,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+from stepfork_otel import ReplaySession, Trace
 from stepfork_otel.replay import network
 from stepfork_otel.replay.errors import ReplayPolicyError
 from stepfork_otel.replay.network import NetworkGuard, NetworkRefusedError
@@ -926,3 +928,36 @@ def test_allow_entries_are_validated_and_normalised(tcp_listener: TCPListener) -
     with guarded(allow=named) as g, pytest.raises(NetworkRefusedError):
         raw_connect(tcp_listener)  # none of them names this address and port
     assert len(g.refusals) == 1
+
+
+def test_an_activation_that_fails_leaves_nothing_installed_nor_a_session_active(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A patch point that refuses to be set (an odd or frozen module) must not leave the other
+    patches in place, nor a half-entered session that would refuse every later boundary call."""
+    import types
+
+    from stepfork_otel.recording.contract import current_session
+
+    class Frozen(type):
+        def __setattr__(cls, name: str, value: Any) -> None:
+            raise AttributeError(f"{cls.__name__} is frozen")
+
+    class HTTPTransport(metaclass=Frozen):
+        def handle_request(self, request: Any) -> Any:
+            return request
+
+    fake = types.ModuleType("httpx")
+    fake.HTTPTransport = HTTPTransport  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "httpx", fake)
+    monkeypatch.delitem(sys.modules, "httpx2", raising=False)
+    with pytest.raises(AttributeError, match="frozen"):
+        NetworkGuard().activate()
+    assert socket.socket.connect is _ORIGINAL_CONNECT
+
+    trace = Trace(trace_id="0" * 32)
+    session = ReplaySession(trace)
+    with pytest.raises(AttributeError, match="frozen"), session:
+        pass
+    assert current_session.get() is None  # ordinary recording is not refused afterwards
+    assert socket.socket.connect is _ORIGINAL_CONNECT

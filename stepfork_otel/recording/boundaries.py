@@ -200,7 +200,12 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
         if kept is not None:
             HANDOFF.keep(kept, k.INPUT, prepared.call.input)
     except Exception:
-        internal_error("handing the call input to the bundle processor")
+        prepared.kept = None
+        try:
+            internal_error("handing the call input to the bundle processor")
+        except BaseException:  # re-raised (tests): the span must not stay open and current
+            _close_span(span, token, None)
+            raise
     return span, token
 
 
@@ -276,10 +281,12 @@ def _open_decided(
 
 def _substituted(span: Span, prepared: _Prepared, decision: ReplayDecision) -> Any:
     """The recorded result of a substituted call (its attributes went on the span at start)."""
-    if decision.output is not None and prepared.kept is not None:
-        HANDOFF.keep(prepared.kept, k.OUTPUT, decision.output)
+    with handle_internal_errors("recording a substituted outcome"):
+        if decision.output is not None and prepared.kept is not None:
+            HANDOFF.keep(prepared.kept, k.OUTPUT, decision.output)
+        if decision.error is not None:
+            record_failure(span, decision.error)
     if decision.error is not None:
-        record_failure(span, decision.error)
         raise decision.error
     return decision.value
 
@@ -301,8 +308,9 @@ def _finish_ok(
             HANDOFF.keep(prepared.kept, k.OUTPUT, payload)
     except Exception:
         internal_error("recording a call output")
-    if decision is not None:
-        decision.end(payload, None)
+    finally:  # the session learns the body returned even if recording its output failed
+        if decision is not None:
+            decision.end(payload, None)
 
 
 def _finish_error(span: Span, exc: BaseException, decision: ReplayDecision | None) -> None:

@@ -714,7 +714,14 @@ class _Patches:
         with self._lock:
             self._count += 1
             guard._activations += 1
-            self._install_missing()  # also libraries imported since the first activation
+            try:
+                self._install_missing()  # also libraries imported since the first activation
+            except BaseException:  # a patch point that cannot be set: leave nothing behind
+                guard._activations -= 1
+                self._count -= 1
+                if self._count == 0:
+                    self._restore()
+                raise
 
     def release(self, guard: NetworkGuard) -> None:
         with self._lock:
@@ -736,10 +743,11 @@ class _Patches:
                 continue
             own = vars(owner)
             wrapper = point.wrap(current, point.via)
-            self._installed.append(
-                _Installed(owner, point.name, point.name in own, own.get(point.name), wrapper)
+            installed = _Installed(
+                owner, point.name, point.name in own, own.get(point.name), wrapper
             )
             setattr(owner, point.name, wrapper)
+            self._installed.append(installed)
 
     def _restore(self) -> None:
         for done in reversed(self._installed):

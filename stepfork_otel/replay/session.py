@@ -204,9 +204,9 @@ class ReplaySession:
             raise ReplaySessionError(
                 "another ReplaySession is already active in this context; sessions do not nest"
             )
+        self._network_token = self._network.activate()  # first: if it fails, nothing is active
         self._state = "active"
         self._token = current_session.set(self)
-        self._network_token = self._network.activate()
         return self
 
     def __exit__(
