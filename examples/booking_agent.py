@@ -100,7 +100,7 @@ class ScriptedLLM:
         call = {
             "id": f"call_{name}",
             "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments, sort_keys=True)},
+            "function": {"name": name, "arguments": json.dumps(arguments)},
         }
         return {
             "model": "gpt-4.1-mini",
@@ -150,7 +150,7 @@ def run_agent(question: str) -> str:
             result = charge_card(card_token=CARD_TOKEN, **args)
         messages = [
             *messages,
-            {"role": "tool", "name": call["name"], "content": json.dumps(result, sort_keys=True)},
+            {"role": "tool", "name": call["name"], "content": json.dumps(result)},
         ]
     raise RuntimeError("agent did not finish in 8 steps")
 

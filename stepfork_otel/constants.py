@@ -21,8 +21,9 @@ from typing import Final, Literal
 #: Name of the instrumentation scope (the tracer name) used for every stepfork span.
 INSTRUMENTATION_NAME: Final = "stepfork_otel"
 
-#: Version of the `.sftrace` bundle format this library writes.
-FORMAT_VERSION: Final = 1
+#: Version of the `.sftrace` bundle format this library writes (and the newest it reads; every
+#: older one is read too). 2 added ``output_key_order`` (the order a call returned its keys in).
+FORMAT_VERSION: Final = 2
 #: Value of the ``format`` field of every bundle.
 FORMAT_NAME: Final = "sftrace"
 #: File name suffix of a bundle.

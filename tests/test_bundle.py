@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 import stepfork_otel.trace.bundle as bundle
+from stepfork_otel.constants import FORMAT_VERSION
 from stepfork_otel.replay.plan import build_plan
 from stepfork_otel.trace.bundle import dump_trace, load_any, load_trace, parse_trace, save_trace
 from stepfork_otel.trace.canonical import canonical_json
@@ -273,7 +274,9 @@ def test_layout_is_json_lines_with_payloads_on_their_own_lines(tmp_path: Path) -
     assert data.endswith(b"\n")
     lines = data.decode("utf-8").split("\n")[:-1]
     parsed = [json.loads(line) for line in lines]  # every line is one JSON value
-    assert lines[0].startswith('{"format":"sftrace","format_version":1,"trace_id":')
+    assert lines[0].startswith(
+        f'{{"format":"sftrace","format_version":{FORMAT_VERSION},"trace_id":'
+    )
     assert '"context":[' in lines[0]
     assert '"events"' not in lines[0]
     assert "input" not in parsed[0]["run"]
@@ -514,9 +517,12 @@ def test_broken_bundles_give_a_one_line_bundle_error(tmp_path: Path, case: str) 
 
 
 def test_a_bundle_from_a_newer_format_version(tmp_path: Path) -> None:
-    newer = {**_bundle_dict(), "format_version": 2}
+    newer = {**_bundle_dict(), "format_version": FORMAT_VERSION + 1}
     error = _load_error(_write(tmp_path / "v2.sftrace", newer), BundleVersionError)
-    assert "format version 2 is newer than this stepfork_otel supports (1)" in str(error)
+    assert (
+        f"format version {FORMAT_VERSION + 1} is newer than this stepfork_otel supports "
+        f"({FORMAT_VERSION})"
+    ) in str(error)
     # a newer version usually brings new fields: still reported as a version problem
     newer["events"][0]["speculative"] = True
     newer["retention"] = {"days": 7}

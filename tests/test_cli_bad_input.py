@@ -17,6 +17,7 @@ import pytest
 from cli_support import ENTRYPOINT, ROOT, Bundles, bundles
 
 from stepfork_otel.cli import main
+from stepfork_otel.constants import FORMAT_VERSION
 
 __all__ = ["bundles"]
 
@@ -125,7 +126,9 @@ def _write_inputs(d: Path, bundles: Bundles) -> None:
     (d / "notes.txt").write_text("not a bundle\n")
     (d / "other.json").write_text('{"a": 1}\n')
     (d / "truncated.sftrace").write_text(text[: len(text) // 2])
-    (d / "newer.sftrace").write_text(text.replace('"format_version":1', '"format_version":99'))
+    newer = text.replace(f'"format_version":{FORMAT_VERSION}', '"format_version":99')
+    assert newer != text
+    (d / "newer.sftrace").write_text(newer)
     (d / "not_callable.py").write_text("run_agent = 42\n")
     (d / "raises_on_import.py").write_text("raise RuntimeError('boom')\n")
     (d / "imports_missing.py").write_text("import no_such_dependency_xyz\n")

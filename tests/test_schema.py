@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from conftest import Recording
 
+from stepfork_otel.constants import FORMAT_VERSION
 from stepfork_otel.trace.bundle import dump_trace, parse_trace
 from stepfork_otel.trace.models import TRACE_ADAPTER, Trace
 from stepfork_otel.trace.schema import SCHEMA_ID, schema_text, trace_json_schema
@@ -56,8 +57,8 @@ def _def(schema: dict[str, Any], ref: str) -> dict[str, Any]:
 def test_schema_header_and_top_level() -> None:
     schema = trace_json_schema()
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    assert schema["$id"] == SCHEMA_ID == "urn:stepfork:sftrace:1"
-    assert schema["title"] == "stepfork_otel .sftrace bundle, format version 1"
+    assert schema["$id"] == SCHEMA_ID == f"urn:stepfork:sftrace:{FORMAT_VERSION}"
+    assert schema["title"] == f"stepfork_otel .sftrace bundle, format version {FORMAT_VERSION}"
     assert "redacted canonical JSON" in schema["description"]
     assert schema["type"] == "object"
     assert schema["additionalProperties"] is False
@@ -70,7 +71,7 @@ def test_schema_header_and_top_level() -> None:
         "type": "string",
     }
     assert props["format_version"]["type"] == "integer"
-    assert props["format_version"]["default"] == 1
+    assert props["format_version"]["default"] == FORMAT_VERSION
     assert props["complete"]["type"] == "boolean"
 
 

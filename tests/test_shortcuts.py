@@ -513,3 +513,48 @@ def test_quick_structure_check_looks_closer_at_each_kind_of_problem() -> None:
     for name, events in broken.items():
         assert not _plainly_consistent(events), name
         assert _full_check(events), name
+
+
+# --- redaction of the value as returned (keys in the call's order) against the sorted form -------
+
+
+@settings(max_examples=600, deadline=None, derandomize=True)
+@given(redactor=st.sampled_from(_REDACTORS), value=_values, seed=st.randoms(use_true_random=False))
+def test_the_returned_order_is_redacted_as_the_canonical_form_is(
+    redactor: Redactor, value: Any, seed: Any
+) -> None:
+    """``redact_canonical_and_returned`` (one pre-check, then the splice or the walk on the text
+    in returned order) redacts the returned form exactly as the canonical one -- the same value
+    once sorted -- and keeps its key order."""
+    from stepfork_otel.trace.canonical import (
+        UnserialisableError,
+        as_returned_bytes,
+        key_order,
+        restore_key_order,
+    )
+
+    loads = canonical_loads
+    try:
+        canonical = canonical_json(value)
+    except UnserialisableError:
+        return
+    shuffled = _shuffled(loads(canonical), seed)
+    returned = as_returned_bytes(shuffled).decode("utf-8")
+    redacted, redacted_returned = redactor.redact_canonical_and_returned(canonical, returned)
+    assert redacted == redactor.redact_canonical(canonical)
+    assert canonical_json(loads(redacted_returned)) == redacted
+    if redacted_returned is returned:
+        assert redacted is canonical
+    order = key_order(redacted, redacted_returned)
+    restored = restore_key_order(loads(redacted), order)
+    assert as_returned_bytes(restored).decode("utf-8") == redacted_returned
+
+
+def _shuffled(value: Any, rng: Any) -> Any:
+    if isinstance(value, dict):
+        keys = list(value)
+        rng.shuffle(keys)
+        return {key: _shuffled(value[key], rng) for key in keys}
+    if isinstance(value, list):
+        return [_shuffled(item, rng) for item in value]
+    return value

@@ -296,7 +296,7 @@ def _finish_ok(
 ) -> None:
     payload: Payload | None = None
     try:
-        payload = capture(result, CONFIG.settings.redactor)
+        payload = capture(result, CONFIG.settings.redactor, keep_order=True)
         if payload.unserialisable:
             _warn_unreplayable(prepared.call, "output", payload)
         attributes = span_payload_attributes(k.OUTPUT, payload)

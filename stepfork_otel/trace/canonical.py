@@ -52,6 +52,7 @@ import math
 import pathlib
 import re
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -60,6 +61,7 @@ import pydantic
 from stepfork_otel.constants import FINGERPRINT_CHARS
 
 _OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
+_AS_RETURNED = orjson.OPT_PASSTHROUGH_DATACLASS
 _SURROGATE = re.compile("[\ud800-\udfff]")
 #: Deepest nesting of arrays/objects accepted (orjson refuses the 255th level).
 MAX_DEPTH = 254
@@ -227,6 +229,94 @@ def canonical_bytes(value: Any) -> bytes:
             raise UnserialisableError(f"nesting deeper than {MAX_DEPTH} levels") from None
         except (TypeError, orjson.JSONEncodeError) as inner:
             raise UnserialisableError(str(inner)) from None
+
+
+def as_returned_bytes(value: Any) -> bytes:
+    """``value`` encoded like :func:`canonical_bytes` but with its objects' keys in the order
+    the value holds them (the order a call returned them), not sorted. Raises
+    :class:`UnserialisableError` where :func:`canonical_bytes` does."""
+    try:
+        return orjson.dumps(value, default=_default, option=_AS_RETURNED)
+    except UnserialisableError:
+        raise
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        cause = exc.__cause__ if isinstance(exc.__cause__, UnserialisableError) else None
+        if cause is not None:
+            raise cause from None
+        try:
+            return orjson.dumps(_normalise(value), default=_default, option=_AS_RETURNED)
+        except UnserialisableError:
+            raise
+        except RecursionError:
+            raise UnserialisableError(f"nesting deeper than {MAX_DEPTH} levels") from None
+        except (TypeError, orjson.JSONEncodeError) as inner:
+            raise UnserialisableError(str(inner)) from None
+
+
+# --- key order -----------------------------------------------------------------------------------
+# Matching and fingerprints use the canonical (sorted-key) form; what a replay hands back is the
+# value as the call returned it, so an agent that ``json.dumps`` a tool result into its next
+# prompt builds the prompt it built when recording. The order is kept as a list of
+# (path, permutation) pairs, one per object whose keys were not in sorted order: small, derived
+# once when the bundle is built, and applied in time proportional to the pairs at replay.
+
+KeyOrder = tuple[list[str | int], list[int]]
+
+
+def key_order(canonical: str | None, as_returned: str | None) -> list[KeyOrder] | None:
+    """Where ``as_returned`` (the same value, keys in returned order) orders an object's keys
+    differently from ``canonical``: ``(path, permutation)`` pairs, the permutation listing the
+    positions in the sorted keys in returned order. None when nothing differs or the two texts
+    are not the same value (then the sorted order is kept)."""
+    if canonical is None or as_returned is None or canonical == as_returned:
+        return None
+    try:
+        sorted_value, returned = loads(canonical), loads(as_returned)
+    except ValueError:
+        return None
+    found: list[KeyOrder] = []
+    stack: list[tuple[Any, Any, list[str | int]]] = [(sorted_value, returned, [])]
+    while stack:
+        c, p, path = stack.pop()
+        if isinstance(c, dict) and isinstance(p, dict) and c.keys() == p.keys():
+            keys = list(c)
+            order = list(p)
+            if order != keys:
+                position = {key: i for i, key in enumerate(keys)}
+                found.append((path, [position[key] for key in order]))
+            stack.extend((c[key], p[key], [*path, key]) for key in keys)
+        elif isinstance(c, list) and isinstance(p, list) and len(c) == len(p):
+            stack.extend((item, p[i], [*path, i]) for i, item in enumerate(c))
+    found.sort(key=lambda entry: len(entry[0]))
+    return found or None
+
+
+def restore_key_order(value: Any, order: Sequence[KeyOrder] | None) -> Any:
+    """``value`` (decoded from canonical text, so its objects' keys are sorted) with the keys of
+    the objects :func:`key_order` named put back in returned order. An entry that does not fit
+    (a hand-edited bundle) is left out: that object keeps the sorted order."""
+    if not order:
+        return value
+    root = [value]
+    for path, permutation in order:
+        parent: Any = root
+        last: str | int = 0
+        ok = True
+        for step in path:
+            parent = parent[last]
+            if (isinstance(parent, dict) and isinstance(step, str) and step in parent) or (
+                isinstance(parent, list) and isinstance(step, int) and 0 <= step < len(parent)
+            ):
+                last = step
+            else:
+                ok = False
+                break
+        target = parent[last] if ok else None
+        if not isinstance(target, dict) or sorted(permutation) != list(range(len(target))):
+            continue
+        keys = sorted(target)  # the canonical order the permutation refers to
+        parent[last] = {keys[i]: target[keys[i]] for i in permutation}
+    return root[0]
 
 
 def canonical_json(value: Any) -> str:

@@ -36,11 +36,12 @@ from typing import Any
 
 from stepfork_otel import constants as k
 from stepfork_otel.trace import grouping
-from stepfork_otel.trace.canonical import sha256_hex
+from stepfork_otel.trace.canonical import key_order, sha256_hex
 from stepfork_otel.trace.models import (
     ContextSpan,
     ErrorEvent,
     Event,
+    KeyOrder,
     LlmRequest,
     LlmResponse,
     RunInfo,
@@ -144,6 +145,11 @@ def _usage(attrs: Mapping[str, Any]) -> dict[str, int] | None:
     return usage or None
 
 
+def _key_order(canonical: str | None, as_returned: str | None) -> list[KeyOrder] | None:
+    found = key_order(canonical, as_returned)
+    return None if found is None else [KeyOrder(path=path, order=order) for path, order in found]
+
+
 def _call_order(span: SpanRecord) -> tuple[int, int, str]:
     return (span.start_time_unix_nano, _int(span.attributes, k.CALL_SEQ), span.span_id)
 
@@ -178,7 +184,11 @@ def _outcome(span: SpanRecord, call_id: str, base: dict[str, Any], name: str) ->
         )
     out = read_payload(span.attributes, span.payloads, is_input=False)
     payload: dict[str, Any] = dict(
-        output=out.text, output_sha256=out.sha256, output_size=out.size, output_missing=out.missing
+        output=out.text,
+        output_sha256=out.sha256,
+        output_size=out.size,
+        output_missing=out.missing,
+        output_key_order=_key_order(out.text, out.as_returned),
     )
     if span.stepfork_kind == k.KIND_TOOL:
         return ToolResult(id=f"{call_id}.result", name=name, **payload, **common)

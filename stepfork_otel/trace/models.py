@@ -65,11 +65,24 @@ class _CallEvent(_Event):
     input_missing: MissingReason | None = None
 
 
+class KeyOrder(_Model):
+    """One object of a recorded output whose keys came back in another order than sorted."""
+
+    path: list[str | int]
+    """Where the object is in the output: keys and list indexes from the top (empty: the top)."""
+    order: list[int]
+    """The positions of its keys in sorted order, listed in the order the call returned them."""
+
+
 class _OutcomeEvent(_Event):
     output: str | None = None
     """Redacted canonical JSON of the output, exactly the text that ``output_sha256`` hashes."""
     output_size: int | None = None
     output_missing: MissingReason | None = None
+    output_key_order: list[KeyOrder] | None = None
+    """The objects of the output whose keys the call returned in another order than the sorted
+    one (see ``canonical.key_order``). Replay hands the output back in that order; matching and
+    fingerprints use the sorted form. Absent: sorted order (so in every format-1 bundle)."""
     duration_ns: int = 0
 
 

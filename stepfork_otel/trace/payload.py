@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 from stepfork_otel import constants as k
 from stepfork_otel.trace.canonical import (
     UnserialisableError,
+    as_returned_bytes,
     canonical_bytes,
     unserialisable_marker,
 )
@@ -43,6 +44,9 @@ class Payload(NamedTuple):
     """Size of ``text`` in UTF-8 bytes."""
     unserialisable: bool = False
     """True when the value had no canonical JSON form and ``text`` is the marker object."""
+    as_returned: str | None = None
+    """The same redacted value with its objects' keys in the order the call returned them,
+    when that differs from ``text`` (outputs only: what replay hands back)."""
 
     @classmethod
     def from_text(cls, text: str) -> Payload:
@@ -50,13 +54,24 @@ class Payload(NamedTuple):
         return cls(text, hashlib.sha256(data).hexdigest(), len(data))
 
 
-def capture(value: Any, redactor: Redactor, recorded: tuple[str, str] | None = None) -> Payload:
+def capture(
+    value: Any,
+    redactor: Redactor,
+    recorded: tuple[str, str] | None = None,
+    *,
+    keep_order: bool = False,
+) -> Payload:
     """Redacted canonical JSON of ``value`` and its fingerprint.
 
     ``recorded`` (during replay): the text and stored fingerprint of the recorded input the
     session expects next. The value is redacted as always; when the result is that very text,
     its fingerprint -- verified against it when the session started -- is taken instead of
-    hashing the text again."""
+    hashing the text again.
+
+    ``keep_order`` (outputs): also keep the value as returned, keys unsorted
+    (:attr:`Payload.as_returned`), when that differs. It costs one more orjson encode; a value
+    whose redaction changes something is also walked in returned order with the rules the one
+    pre-check selected (the slow path such a value takes anyway)."""
     unserialisable = False
     try:
         raw = canonical_bytes(value)
@@ -64,12 +79,20 @@ def capture(value: Any, redactor: Redactor, recorded: tuple[str, str] | None = N
         raw = canonical_bytes(unserialisable_marker(value, str(exc)))
         unserialisable = True
     text = raw.decode("utf-8")
-    redacted = redactor.redact_canonical(text)
+    as_returned = None
+    if keep_order and not unserialisable:
+        plain = as_returned_bytes(value).decode("utf-8")
+        if plain == text:  # its keys were in sorted order already
+            redacted = redactor.redact_canonical(text)
+        else:  # one pre-check for both forms; the returned one keeps its key order
+            redacted, as_returned = redactor.redact_canonical_and_returned(text, plain)
+    else:
+        redacted = redactor.redact_canonical(text)
     if redacted is not text:
         raw = redacted.encode("utf-8")
     if recorded is not None and not unserialisable and redacted == recorded[0]:
         return Payload(recorded[0], recorded[1], len(raw))
-    return Payload(redacted, hashlib.sha256(raw).hexdigest(), len(raw), unserialisable)
+    return Payload(redacted, hashlib.sha256(raw).hexdigest(), len(raw), unserialisable, as_returned)
 
 
 def exception_message(exc: BaseException, redactor: Redactor) -> str:
@@ -116,7 +139,7 @@ def payload_attributes(
         sha: payload.sha256,
         size: payload.size,
         text: payload.text,
-        value: payload.text,
+        value: payload.as_returned or payload.text,  # what OpenInference shows: as returned
         mime: k.MIME_JSON,
     }
 
@@ -129,6 +152,8 @@ class SpanPayload(NamedTuple):
     sha256: str | None
     size: int | None
     missing: MissingReason | None
+    as_returned: str | None = None
+    """The value with its keys in returned order, when the span or the hand-off has it."""
 
 
 def _is_sha256(value: str) -> bool:
@@ -142,10 +167,12 @@ def read_payload(
 
     ``handed``: payloads handed over in-process by the boundary (the local bundle processor);
     they are whole even when the span attribute was left off or cut."""
-    key, sha_key, size_key, omitted_key, *_ = k.INPUT_KEYS if is_input else k.OUTPUT_KEYS
+    key, sha_key, size_key, omitted_key, _, value_key, _ = (
+        k.INPUT_KEYS if is_input else k.OUTPUT_KEYS
+    )
     whole = handed.get(key)
     if whole is not None:
-        return SpanPayload(whole.text, whole.sha256, whole.size, None)
+        return SpanPayload(whole.text, whole.sha256, whole.size, None, whole.as_returned)
     raw_sha = attributes.get(sha_key)
     sha = raw_sha if isinstance(raw_sha, str) and _is_sha256(raw_sha) else None
     # A fingerprint attribute that is not 64 hex digits was itself cut by a length limit.
@@ -163,7 +190,9 @@ def read_payload(
         ):
             # An attribute length limit cut the payload: never keep it as if it were whole.
             return SpanPayload(None, sha, size, "truncated")
-        return SpanPayload(text, sha, size, None)
+        shown = attributes.get(value_key)
+        as_returned = shown if isinstance(shown, str) and shown != text else None
+        return SpanPayload(text, sha, size, None, as_returned)
     if sha is None and not sha_cut:
         return SpanPayload(None, None, None, None)  # nothing was recorded (e.g. no run output)
     omitted = attributes.get(omitted_key)

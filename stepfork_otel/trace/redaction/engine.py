@@ -43,7 +43,7 @@ from typing import Any
 
 import orjson
 
-from stepfork_otel.trace.canonical import canonical_json
+from stepfork_otel.trace.canonical import as_returned_bytes, canonical_json
 from stepfork_otel.trace.canonical import loads as canonical_loads
 from stepfork_otel.trace.redaction.rules import (
     DEFAULT_PATTERNS,
@@ -341,8 +341,34 @@ class Redactor:
     def redact_canonical(self, canonical: str) -> str:
         """Redact a canonical JSON text; returns the same text when nothing needed redaction."""
         plan = self._plan(canonical)
+        return canonical if plan is None else self._redact_planned(canonical, plan)
+
+    def redact_canonical_and_returned(self, canonical: str, returned: str) -> tuple[str, str]:
+        """:meth:`redact_canonical` of ``canonical``, and ``returned`` -- the same value with its
+        keys in the order a call returned them -- redacted with the same rules, keys kept in
+        that order. One pre-check for both; each text comes back as given (the same object)
+        when nothing needed redaction."""
+        plan = self._plan(canonical)
         if plan is None:
-            return canonical
+            return canonical, returned
+        redacted = self._redact_planned(canonical, plan)
+        if redacted is canonical:
+            return canonical, returned
+        # the splice works on any compact JSON text: strings change in place, keys keep their
+        # places (it needs the needles' positions in this text, so its own pre-check)
+        own = self._plan(returned)
+        if own is not None and not own.keys and own.raw_needles is not None:
+            spliced = _splice(returned, own)
+            if spliced is not None:
+                return redacted, spliced
+        value = self._walk(canonical_loads(returned), plan)[0]
+        if canonical_json(value) != redacted:
+            # secrets used as keys that redact to one marker are numbered in walk order, which
+            # differs between the two orders: keep the canonical form (sorted keys) instead
+            return redacted, redacted
+        return redacted, as_returned_bytes(value).decode("utf-8")
+
+    def _redact_planned(self, canonical: str, plan: _Plan) -> str:
         if not plan.keys and plan.raw_needles is not None:
             spliced = _splice(canonical, plan)
             if spliced is not None:
