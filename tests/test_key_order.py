@@ -161,3 +161,10 @@ def test_restoring_the_key_order_gives_the_value_as_returned(value: Any) -> None
     as_returned = json.dumps(value, separators=(",", ":"))
     restored = restore_key_order(loads(canonical), key_order(canonical, as_returned))
     assert json.dumps(restored, separators=(",", ":")) == as_returned
+
+
+def test_a_permutation_out_of_range_never_loses_a_key() -> None:
+    value = loads('{"a":1,"b":2}')
+    for permutation in ([-1, 1], [1, 1], [0, 2], [0], [1, 0, 2]):
+        restored = restore_key_order(value, [([], permutation)])
+        assert sorted(restored) == ["a", "b"], permutation

@@ -264,59 +264,80 @@ KeyOrder = tuple[list[str | int], list[int]]
 
 
 def key_order(canonical: str | None, as_returned: str | None) -> list[KeyOrder] | None:
-    """Where ``as_returned`` (the same value, keys in returned order) orders an object's keys
-    differently from ``canonical``: ``(path, permutation)`` pairs, the permutation listing the
-    positions in the sorted keys in returned order. None when nothing differs or the two texts
-    are not the same value (then the sorted order is kept)."""
+    """Where ``as_returned`` (the same value as ``canonical``, keys in returned order) orders an
+    object's keys otherwise than sorted: ``(path, permutation)`` pairs, the permutation listing
+    the positions in the sorted keys in returned order. None when nothing differs. Only
+    ``as_returned`` is read (one decode): the recorder made both texts from one value. Were they
+    not the same value, an entry that does not fit is ignored when restoring, and one that fits
+    can only reorder keys, never change one."""
     if canonical is None or as_returned is None or canonical == as_returned:
         return None
     try:
-        sorted_value, returned = loads(canonical), loads(as_returned)
-    except ValueError:
+        returned = orjson.loads(as_returned)
+    except orjson.JSONDecodeError:
         return None
     found: list[KeyOrder] = []
-    stack: list[tuple[Any, Any, list[str | int]]] = [(sorted_value, returned, [])]
+    stack: list[tuple[Any, list[str | int]]] = [(returned, [])]
     while stack:
-        c, p, path = stack.pop()
-        if isinstance(c, dict) and isinstance(p, dict) and c.keys() == p.keys():
-            keys = list(c)
-            order = list(p)
-            if order != keys:
-                position = {key: i for i, key in enumerate(keys)}
-                found.append((path, [position[key] for key in order]))
-            stack.extend((c[key], p[key], [*path, key]) for key in keys)
-        elif isinstance(c, list) and isinstance(p, list) and len(c) == len(p):
-            stack.extend((item, p[i], [*path, i]) for i, item in enumerate(c))
+        node, path = stack.pop()
+        if type(node) is dict:
+            keys = list(node)
+            ordered = sorted(keys)
+            if keys != ordered:
+                position = {key: i for i, key in enumerate(ordered)}
+                found.append((path, [position[key] for key in keys]))
+            for key in ordered:
+                child = node[key]
+                if type(child) is dict or type(child) is list:
+                    stack.append((child, [*path, key]))
+        elif type(node) is list:
+            for i, child in enumerate(node):
+                if type(child) is dict or type(child) is list:
+                    stack.append((child, [*path, i]))
+    if not found:
+        return None
     found.sort(key=lambda entry: len(entry[0]))
-    return found or None
+    return found
 
 
 def restore_key_order(value: Any, order: Sequence[KeyOrder] | None) -> Any:
     """``value`` (decoded from canonical text, so its objects' keys are sorted) with the keys of
-    the objects :func:`key_order` named put back in returned order. An entry that does not fit
-    (a hand-edited bundle) is left out: that object keeps the sorted order."""
+    the objects :func:`key_order` named put back in returned order, in one pass along the named
+    paths only. An entry that does not fit (a hand-edited bundle) is left out: that object keeps
+    the sorted order."""
     if not order:
         return value
-    root = [value]
+    trie: dict[Any, Any] = {}
     for path, permutation in order:
-        parent: Any = root
-        last: str | int = 0
-        ok = True
-        for step in path:
-            parent = parent[last]
-            if (isinstance(parent, dict) and isinstance(step, str) and step in parent) or (
-                isinstance(parent, list) and isinstance(step, int) and 0 <= step < len(parent)
-            ):
-                last = step
-            else:
-                ok = False
-                break
-        target = parent[last] if ok else None
-        if not isinstance(target, dict) or sorted(permutation) != list(range(len(target))):
-            continue
-        keys = sorted(target)  # the canonical order the permutation refers to
-        parent[last] = {keys[i]: target[keys[i]] for i in permutation}
-    return root[0]
+        node = trie
+        for step in path:  # a node's steps are all keys (an object) or all indexes (a list)
+            node = node.setdefault(step, {})
+        node[None] = permutation
+    return _restore(value, trie)
+
+
+def _restore(value: Any, trie: dict[Any, Any]) -> Any:
+    permutation = None
+    if type(value) is dict:
+        for step, child in trie.items():
+            if step is None:
+                permutation = child
+            elif type(step) is str and step in value:
+                value[step] = _restore(value[step], child)
+        if permutation is None or len(permutation) != len(value):
+            return value
+        keys = list(value)
+        try:
+            if sorted(permutation) != list(range(len(keys))):
+                return value  # a hand-edited entry that does not fit: keep the sorted order
+        except TypeError:
+            return value
+        return {keys[i]: value[keys[i]] for i in permutation}
+    if type(value) is list:
+        for step, child in trie.items():
+            if type(step) is int and 0 <= step < len(value):
+                value[step] = _restore(value[step], child)
+    return value
 
 
 def canonical_json(value: Any) -> str:
