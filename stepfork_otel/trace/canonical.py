@@ -212,8 +212,19 @@ def _is_native(value: Any) -> bool:
 
 def canonical_bytes(value: Any) -> bytes:
     """Canonical JSON of ``value`` as UTF-8 bytes. Raises :class:`UnserialisableError`."""
+    return _encode(value, _OPTIONS)
+
+
+def as_returned_bytes(value: Any) -> bytes:
+    """``value`` encoded like :func:`canonical_bytes` but with its objects' keys in the order
+    the value holds them (the order a call returned them), not sorted. Raises
+    :class:`UnserialisableError` where :func:`canonical_bytes` does."""
+    return _encode(value, _AS_RETURNED)
+
+
+def _encode(value: Any, option: int) -> bytes:
     try:
-        return orjson.dumps(value, default=_default, option=_OPTIONS)
+        return orjson.dumps(value, default=_default, option=option)
     except UnserialisableError:
         raise
     except (TypeError, orjson.JSONEncodeError) as exc:
@@ -222,29 +233,7 @@ def canonical_bytes(value: Any) -> bytes:
             raise cause from None
         try:
             normalised = _normalise(value)
-            return orjson.dumps(normalised, default=_default, option=_OPTIONS)
-        except UnserialisableError:
-            raise
-        except RecursionError:
-            raise UnserialisableError(f"nesting deeper than {MAX_DEPTH} levels") from None
-        except (TypeError, orjson.JSONEncodeError) as inner:
-            raise UnserialisableError(str(inner)) from None
-
-
-def as_returned_bytes(value: Any) -> bytes:
-    """``value`` encoded like :func:`canonical_bytes` but with its objects' keys in the order
-    the value holds them (the order a call returned them), not sorted. Raises
-    :class:`UnserialisableError` where :func:`canonical_bytes` does."""
-    try:
-        return orjson.dumps(value, default=_default, option=_AS_RETURNED)
-    except UnserialisableError:
-        raise
-    except (TypeError, orjson.JSONEncodeError) as exc:
-        cause = exc.__cause__ if isinstance(exc.__cause__, UnserialisableError) else None
-        if cause is not None:
-            raise cause from None
-        try:
-            return orjson.dumps(_normalise(value), default=_default, option=_AS_RETURNED)
+            return orjson.dumps(normalised, default=_default, option=option)
         except UnserialisableError:
             raise
         except RecursionError:
