@@ -629,3 +629,20 @@ def test_validate_escapes_bundle_text(bundles: Bundles, tmp_path: Path) -> None:
     assert result.returncode == 1
     _assert_inert(result.stdout)
     assert "  warning call-2\\u202e\\x9b[8m: no recorded result" in result.stdout.splitlines()
+
+
+@pytest.mark.parametrize(
+    "selector", ["openai/gpt-4.1", "anthropic/claude-3", "*", "bad/selector/x"]
+)
+def test_a_live_llm_that_selects_no_recorded_call_is_exit_2(
+    bundles: Bundles, selector: str
+) -> None:
+    """It used to give a frozen replay reported MATCHED (exit 0): the typo went unnoticed."""
+    result = stepfork(
+        "replay", bundles.failure, "--entrypoint", ENTRYPOINT, "--mode", "hybrid",
+        "--live-llm", selector,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"stepfork: error: --live-llm selector '{selector}' ")
+    assert "recorded LLMs: openai/gpt-4.1-mini" in result.stderr
