@@ -166,7 +166,7 @@ def test_an_unreplayable_output_is_loud_when_recorded_and_at_replay(
         stream(2)  # the same call site and type: warned once
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings == [
-        "stepfork_otel: the output of tool stream has no JSON form (a test_replay_fidelity.Opaque); "
+        "stepfork_otel: the output of tool stream has no JSON form (test_replay_fidelity.Opaque); "
         "it is recorded as unserialisable and this call cannot be replayed -- return "
         "JSON-encodable values, pydantic models or dataclasses"
     ]
@@ -176,3 +176,19 @@ def test_an_unreplayable_output_is_loud_when_recorded_and_at_replay(
     ):
         stream(1)
     assert "test_replay_fidelity.Opaque" in caught.value.reason
+
+
+def test_an_unreplayable_input_is_loud_when_recorded(
+    recording: Recording, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    @trace_tool
+    def consume(item: Any) -> int:
+        return 1
+
+    with caplog.at_level("WARNING", logger="stepfork_otel"), record(tmp_path / "i.sftrace"):
+        consume(Opaque())
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(
+        "stepfork_otel: the input of tool consume has no JSON form (test_replay_fidelity.Opaque)"
+    )

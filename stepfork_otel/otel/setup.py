@@ -119,11 +119,6 @@ def configure(
         return processor
 
 
-def current_processor() -> SftraceSpanProcessor | None:
-    """The bundle processor ``configure()`` attached (None: not configured yet)."""
-    return _processor
-
-
 def ensure_bundle_processor() -> SftraceSpanProcessor:
     """The configured bundle processor, configuring the defaults first if needed."""
     processor = _processor

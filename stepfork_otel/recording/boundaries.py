@@ -91,18 +91,19 @@ _warned_unreplayable: set[tuple[str, str, str, str]] = set()
 def _warn_unreplayable(call: BoundaryCall, what: str, payload: Payload) -> None:
     """A value with no JSON form is recorded as a marker, and the call cannot be replayed from
     it: say so while recording (once per call site and type), not first at replay."""
-    type_name = str(payload_value(payload.text).get(UNSERIALISABLE_MARKER, "")).split(":", 1)[0]
-    key = (call.kind, call.name, what, type_name)
+    # the marker says "<type of the value>: <what could not be encoded>"; the last part names it
+    why = str(payload_value(payload.text).get(UNSERIALISABLE_MARKER, "")).rsplit(": ", 1)[-1]
+    key = (call.kind, call.name, what, why)
     if key in _warned_unreplayable:
         return
     _warned_unreplayable.add(key)
     logger.warning(
-        "stepfork_otel: the %s of %s has no JSON form (a %s); it is recorded as unserialisable "
+        "stepfork_otel: the %s of %s has no JSON form (%s); it is recorded as unserialisable "
         "and this call cannot be replayed -- return JSON-encodable values, pydantic models or "
         "dataclasses",
         what,
         label(call.kind, call.name, call.provider, call.model),
-        type_name,
+        why,
     )
 
 
@@ -111,8 +112,6 @@ def _prepare_tool(
 ) -> _Prepared:
     payload, session = _captured_input(arguments)
     call = BoundaryCall("tool", name, payload, policy, output_type=output_type)
-    if payload.unserialisable and session is None:
-        _warn_unreplayable(call, "input", payload)
     attributes = {
         k.KIND: k.KIND_TOOL,
         k.REPLAY_POLICY: policy.value,
@@ -139,8 +138,6 @@ def _prepare_llm(
         model_fingerprint=fingerprint,
         output_type=output_type,
     )
-    if payload.unserialisable and session is None:
-        _warn_unreplayable(call, "input", payload)
     attributes = {
         k.KIND: k.KIND_LLM,
         k.REPLAY_POLICY: policy.value,
@@ -225,6 +222,8 @@ def _decide(prepared: _Prepared) -> ReplayDecision | None:
     status ``skipped``, the error recorded) and the refusal is raised."""
     session = prepared.session
     if session is None:
+        if prepared.call.input.unserialisable:
+            _warn_unreplayable(prepared.call, "input", prepared.call.input)
         return None
     attributes = prepared.attributes
     attributes[k.REPLAY_MODE] = session.mode.value
