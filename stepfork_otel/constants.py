@@ -88,11 +88,54 @@ GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
 GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
 GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: Final = "gen_ai.usage.cache_creation.input_tokens"
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
+GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
+GEN_AI_REQUEST_TOP_K: Final = "gen_ai.request.top_k"
+GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_FREQUENCY_PENALTY: Final = "gen_ai.request.frequency_penalty"
+GEN_AI_REQUEST_PRESENCE_PENALTY: Final = "gen_ai.request.presence_penalty"
+GEN_AI_REQUEST_STOP_SEQUENCES: Final = "gen_ai.request.stop_sequences"
+GEN_AI_REQUEST_SEED: Final = "gen_ai.request.seed"
+GEN_AI_REQUEST_CHOICE_COUNT: Final = "gen_ai.request.choice.count"
+GEN_AI_REQUEST_STREAM: Final = "gen_ai.request.stream"
+GEN_AI_OUTPUT_TYPE: Final = "gen_ai.output.type"
+GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
+GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
+GEN_AI_SYSTEM_INSTRUCTIONS: Final = "gen_ai.system_instructions"
+GEN_AI_TOOL_DEFINITIONS: Final = "gen_ai.tool.definitions"
+GEN_AI_TOOL_DESCRIPTION: Final = "gen_ai.tool.description"
+GEN_AI_TOOL_TYPE: Final = "gen_ai.tool.type"
+#: Semconv ``error.type``: the class of the error a failed call ended with.
+ERROR_TYPE_SEMCONV: Final = "error.type"
+#: Environment variable (shared with the OTel GenAI instrumentations) that turns on message
+#: content in the ``gen_ai.*.messages`` attributes.
+ENV_CAPTURE_MESSAGE_CONTENT: Final = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 
 #: ``gen_ai.operation.name`` values.
 OP_EXECUTE_TOOL: Final = "execute_tool"
 OP_CHAT: Final = "chat"
 OP_INVOKE_AGENT: Final = "invoke_agent"
+OP_EMBEDDINGS: Final = "embeddings"
+OP_TEXT_COMPLETION: Final = "text_completion"
+#: ``gen_ai.tool.type`` of a ``@trace_tool`` function.
+TOOL_TYPE_FUNCTION: Final = "function"
+#: ``gen_ai.provider.name`` values of the SDK integrations.
+PROVIDER_OPENAI: Final = "openai"
+PROVIDER_ANTHROPIC: Final = "anthropic"
+
+# --- streamed calls: the keys of a recorded stream value (recording/streams.py) -----------------
+
+STREAM_CHUNKS: Final = "chunks"
+STREAM_COMPLETE: Final = "complete"
+STREAM_ERROR: Final = "error"
+#: Span attribute: the call returned a stream (its output is a recorded stream value).
+STREAM: Final = "stepfork.stream"
+#: Span attribute: the number of chunks the agent read from a streamed call.
+STREAM_CHUNK_COUNT: Final = "stepfork.stream.chunks"
 
 # --- OpenInference -----------------------------------------------------------------------------
 

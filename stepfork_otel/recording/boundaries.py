@@ -25,13 +25,13 @@ import functools
 import inspect
 import logging
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors, internal_error, log_internal_error
@@ -53,15 +53,25 @@ from stepfork_otel.recording.spans import (
     span_payload_attributes,
     usage_attributes,
 )
+from stepfork_otel.recording.streams import (
+    AsyncLiveStream,
+    LiveStream,
+    Recorder,
+    ReplayedStream,
+    StreamStart,
+    is_stream_value,
+    stream_value,
+)
 from stepfork_otel.trace.canonical import UNSERIALISABLE_MARKER, model_fingerprint
 from stepfork_otel.trace.models import label, payload_value
-from stepfork_otel.trace.payload import Payload, capture
+from stepfork_otel.trace.payload import Payload, capture, exception_message, qualified_name
 from stepfork_otel.trace.policy import ReplayPolicy
 
 logger = logging.getLogger("stepfork_otel")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+C = TypeVar("C")
 
 # --- the one interception point ------------------------------------------------------------------
 
@@ -76,6 +86,16 @@ class _Prepared:
     """The replay session the call is made in (None: recording)."""
     kept: int | None = None
     """The span id its payloads are kept under in the hand-off (None: nothing is kept)."""
+    view: Callable[[Any], Any] | None = None
+    """The recorded form of the body's result (an SDK integration records the HTTP response
+    it received, not the response object); None: the result itself."""
+    describe: Callable[[Any], dict[str, Any]] | None = None
+    """Span attributes read off the recorded value (an integration's GenAI semconv
+    attributes); None: ``usage_attributes`` for an LLM call, nothing for a tool."""
+    rebuild_error: Callable[[str, str], BaseException | None] | None = None
+    """An integration's own exception for a recorded failure ``(error type, message)``, built
+    by trusted code from a fixed list (never from a class named in the bundle); None, or
+    returning None: the session's :class:`RecordedDependencyError`."""
 
 
 def _captured_input(value: Any) -> tuple[Payload, Replayer | None]:
@@ -285,9 +305,25 @@ def _substituted(span: Span, prepared: _Prepared, decision: ReplayDecision) -> A
             HANDOFF.keep(prepared.kept, k.OUTPUT, decision.output)
         if decision.error is not None:
             record_failure(span, decision.error)
+        elif decision.output is not None:
+            span.set_attributes(_described(prepared, decision.value))
     if decision.error is not None:
-        raise decision.error
+        raise _recorded_error(prepared, decision.error)
     return decision.value
+
+
+def _recorded_error(prepared: _Prepared, error: BaseException) -> BaseException:
+    """The exception a substituted failure is raised as: the integration's own class when it
+    knows the recorded one (:attr:`_Prepared.rebuild_error`), else the session's error."""
+    error_type, message = getattr(error, "error_type", None), getattr(error, "message", None)
+    if prepared.rebuild_error is None or not isinstance(error_type, str):
+        return error
+    with handle_internal_errors("rebuilding a recorded SDK error"):
+        rebuilt = prepared.rebuild_error(error_type, message if isinstance(message, str) else "")
+        if rebuilt is not None:
+            rebuilt.__cause__ = error  # the replay error stays reachable, with its position
+            return rebuilt
+    return error
 
 
 def _finish_ok(
@@ -295,13 +331,13 @@ def _finish_ok(
 ) -> None:
     payload: Payload | None = None
     try:
-        payload = capture(result, CONFIG.settings.redactor, keep_order=True)
+        recorded = result if prepared.view is None else prepared.view(result)
+        payload = capture(recorded, CONFIG.settings.redactor, keep_order=True)
         if payload.unserialisable:
             _warn_unreplayable(prepared.call, "output", payload)
         attributes = span_payload_attributes(k.OUTPUT, payload)
         attributes[k.STATUS] = k.STATUS_OK
-        if prepared.call.kind == "llm":
-            attributes.update(usage_attributes(result))
+        attributes.update(_described(prepared, recorded))
         span.set_attributes(attributes)
         if prepared.kept is not None:
             HANDOFF.keep(prepared.kept, k.OUTPUT, payload)
@@ -310,6 +346,16 @@ def _finish_ok(
     finally:  # the session learns the body returned even if recording its output failed
         if decision is not None:
             decision.end(payload, None)
+
+
+def _described(prepared: _Prepared, recorded: Any) -> dict[str, Any]:
+    """The attributes an outcome adds to its span beyond the payload (logged, never raised)."""
+    with handle_internal_errors("describing a call outcome"):
+        if prepared.describe is not None:
+            return prepared.describe(recorded)
+        if prepared.call.kind == "llm":
+            return usage_attributes(recorded)
+    return {}
 
 
 def _finish_error(span: Span, exc: BaseException, decision: ReplayDecision | None) -> None:
@@ -361,6 +407,151 @@ async def _run_async(prepared: _Prepared | None, body: Callable[[], Awaitable[R]
         return result
     finally:
         _close_span(span, token, prepared.kept)
+
+
+# --- streamed calls (see recording/streams.py) ---------------------------------------------------
+
+
+def _detach(token: object | None) -> None:
+    """The stream is read in the caller's context, after the body returned: the span stops
+    being current there (it stays open until the stream ends)."""
+    if token is not None:
+        with handle_internal_errors("leaving a streamed call's span"):
+            context_api.detach(token)  # type: ignore[arg-type]
+
+
+def _finish_stream(
+    span: Span,
+    prepared: _Prepared,
+    decision: ReplayDecision | None,
+    recorder: Recorder,
+    complete: bool,
+    error: BaseException | None,
+) -> None:
+    """A live stream ended (exhausted, closed, broken or dropped): record it, end its span.
+    Runs once, possibly from a garbage-collector finaliser, so it never raises."""
+    payload: Payload | None = None
+    try:
+        with handle_internal_errors("recording a streamed call"):
+            redactor = CONFIG.settings.redactor
+            value = stream_value(
+                recorder.head,
+                recorder.chunks,
+                complete,
+                error,
+                None if error is None else qualified_name(type(error)),
+                None if error is None else exception_message(error, redactor),
+            )
+            payload = capture(value, redactor, keep_order=True)
+            if payload.unserialisable:
+                _warn_unreplayable(prepared.call, "output", payload)
+            attributes = span_payload_attributes(k.OUTPUT, payload)
+            attributes[k.STATUS] = k.STATUS_OK  # what was streamed is the recorded outcome
+            attributes[k.STREAM] = True
+            attributes[k.STREAM_CHUNK_COUNT] = len(recorder.chunks)
+            attributes.update(_described(prepared, value))
+            if error is not None:  # the call failed for telemetry; the recording keeps the chunks
+                attributes[k.ERROR_TYPE_SEMCONV] = qualified_name(type(error))
+                span.set_status(Status(StatusCode.ERROR, qualified_name(type(error))))
+            span.set_attributes(attributes)
+            if prepared.kept is not None:
+                HANDOFF.keep(prepared.kept, k.OUTPUT, payload)
+    finally:
+        try:
+            if decision is not None:
+                decision.end(payload, None)
+        finally:
+            _close_span(span, None, prepared.kept)
+
+
+def _replayed_stream(
+    prepared: _Prepared, decision: ReplayDecision, value: Any
+) -> tuple[dict[str, Any], ReplayedStream[Any]]:
+    """A substituted streamed call: the recorded chunks, served again."""
+    if not is_stream_value(value):
+        raise decision.diverged("the recorded call returned a single value, this run streams")
+    head = {
+        key: item
+        for key, item in value.items()
+        if key not in (k.STREAM_CHUNKS, k.STREAM_COMPLETE, k.STREAM_ERROR)
+    }
+    chunks: list[Any] = value[k.STREAM_CHUNKS]
+    broken = value.get(k.STREAM_ERROR)
+    broken_by = None
+    if isinstance(broken, dict):
+        error_type, message = str(broken.get("error_type")), str(broken.get("message"))
+
+        def broken_by() -> BaseException:
+            return _recorded_error(prepared, decision.failure(error_type, message))
+
+    def overrun(count: int) -> BaseException:
+        return decision.diverged(
+            f"the recorded stream was closed by the agent after {count} chunk(s); "
+            "this run reads further"
+        )
+
+    stream = ReplayedStream(head, chunks, value[k.STREAM_COMPLETE], overrun, broken_by)
+    return head, stream
+
+
+def _run_stream_sync(
+    prepared: _Prepared | None, body: Callable[[], StreamStart[Any]]
+) -> tuple[dict[str, Any], Iterator[Any]]:
+    """:func:`_run_sync` for a body that returns a stream: ``(head, chunk iterator)``."""
+    if prepared is None:
+        start = body()
+        return start.head, typing.cast(Iterator[Any], start.chunks)
+    decision = _decide(prepared)
+    opened = _open_decided(prepared, decision)
+    if opened is None:
+        start = body()
+        return start.head, typing.cast(Iterator[Any], start.chunks)
+    span, token = opened
+    if decision is not None and decision.substituted:
+        try:
+            value = _substituted(span, prepared, decision)
+        finally:
+            _close_span(span, token, prepared.kept)
+        return _replayed_stream(prepared, decision, value)
+    try:
+        start = body()
+    except BaseException as exc:
+        _finish_error(span, exc, decision)
+        _close_span(span, token, prepared.kept)
+        raise
+    _detach(token)
+    live = LiveStream(start, functools.partial(_finish_stream, span, prepared, decision))
+    return start.head, live
+
+
+async def _run_stream_async(
+    prepared: _Prepared | None, body: Callable[[], Awaitable[StreamStart[Any]]]
+) -> tuple[dict[str, Any], AsyncIterator[Any]]:
+    """:func:`_run_stream_sync` for an async body and chunk iterator."""
+    if prepared is None:
+        start = await body()
+        return start.head, typing.cast(AsyncIterator[Any], start.chunks)
+    decision = _decide(prepared)
+    opened = _open_decided(prepared, decision)
+    if opened is None:
+        start = await body()
+        return start.head, typing.cast(AsyncIterator[Any], start.chunks)
+    span, token = opened
+    if decision is not None and decision.substituted:
+        try:
+            value = _substituted(span, prepared, decision)
+        finally:
+            _close_span(span, token, prepared.kept)
+        return _replayed_stream(prepared, decision, value)
+    try:
+        start = await body()
+    except BaseException as exc:
+        _finish_error(span, exc, decision)
+        _close_span(span, token, prepared.kept)
+        raise
+    _detach(token)
+    live = AsyncLiveStream(start, functools.partial(_finish_stream, span, prepared, decision))
+    return start.head, live
 
 
 # --- public API ----------------------------------------------------------------------------------
@@ -481,24 +672,94 @@ def _prepare_llm_call(
         return None
 
 
+@overload
 def llm_request(
     *,
     provider: str,
     model: str,
     input: Any,
     call: Callable[[], R],
+    operation: str = ...,
+    response_type: Any = ...,
+    replay_policy: ReplayPolicy | str = ...,
+    stream: Literal[False] = ...,
+) -> R: ...
+
+
+@overload
+def llm_request(
+    *,
+    provider: str,
+    model: str,
+    input: Any,
+    call: Callable[[], Iterable[C]],
+    operation: str = ...,
+    response_type: Any = ...,
+    replay_policy: ReplayPolicy | str = ...,
+    stream: Literal[True],
+) -> Iterator[C]: ...
+
+
+def llm_request(
+    *,
+    provider: str,
+    model: str,
+    input: Any,
+    call: Callable[[], Any],
     operation: str = k.OP_CHAT,
     response_type: Any = None,
     replay_policy: ReplayPolicy | str = ReplayPolicy.REPLAYABLE,
-) -> R:
+    stream: bool = False,
+) -> Any:
     """Make one LLM call through a boundary: ``call()`` performs it, ``input`` is the request
     payload (the prompt) that is recorded and matched. In frozen replay ``call`` is never invoked.
 
     ``response_type`` (optional) is the type a substituted response is rebuilt into (e.g. the
     client's pydantic response model); without it replay returns the recorded JSON value.
+
+    ``stream=True``: ``call()`` returns an iterable of JSON-encodable chunks (a client this
+    library has no integration for, streaming). The chunks are passed through as the agent reads
+    them and recorded as one outcome; replay yields the recorded chunks, as JSON values
+    (``response_type`` does not apply to chunks). Close the returned iterator (or use it as a
+    context manager) when stopping early: the recording then says how far the agent read.
     """
     prepared = _prepare_llm_call(provider, model, operation, input, replay_policy, response_type)
-    return _run_sync(prepared, call)
+    if not stream:
+        return _run_sync(prepared, call)
+
+    def body() -> StreamStart[Any]:
+        chunks = call()
+        return StreamStart(iter(chunks), close=getattr(chunks, "close", None))
+
+    return _run_stream_sync(prepared, body)[1]
+
+
+@overload
+async def allm_request(
+    *,
+    provider: str,
+    model: str,
+    input: Any,
+    call: Callable[[], Awaitable[R]],
+    operation: str = ...,
+    response_type: Any = ...,
+    replay_policy: ReplayPolicy | str = ...,
+    stream: Literal[False] = ...,
+) -> R: ...
+
+
+@overload
+async def allm_request(
+    *,
+    provider: str,
+    model: str,
+    input: Any,
+    call: Callable[[], AsyncIterable[C] | Awaitable[AsyncIterable[C]]],
+    operation: str = ...,
+    response_type: Any = ...,
+    replay_policy: ReplayPolicy | str = ...,
+    stream: Literal[True],
+) -> AsyncIterator[C]: ...
 
 
 async def allm_request(
@@ -506,11 +767,23 @@ async def allm_request(
     provider: str,
     model: str,
     input: Any,
-    call: Callable[[], Awaitable[R]],
+    call: Callable[[], Any],
     operation: str = k.OP_CHAT,
     response_type: Any = None,
     replay_policy: ReplayPolicy | str = ReplayPolicy.REPLAYABLE,
-) -> R:
-    """``llm_request`` for async clients: ``call()`` returns an awaitable."""
+    stream: bool = False,
+) -> Any:
+    """``llm_request`` for async clients: ``call()`` returns an awaitable. With
+    ``stream=True`` it returns an async iterable of chunks (or an awaitable of one, like
+    ``await client.create(stream=True)``), and ``allm_request`` returns an async iterator."""
     prepared = _prepare_llm_call(provider, model, operation, input, replay_policy, response_type)
-    return await _run_async(prepared, call)
+    if not stream:
+        return await _run_async(prepared, call)
+
+    async def body() -> StreamStart[Any]:
+        chunks = call()
+        if inspect.isawaitable(chunks):
+            chunks = await chunks
+        return StreamStart(aiter(chunks), close=getattr(chunks, "aclose", None))
+
+    return (await _run_stream_async(prepared, body))[1]

@@ -82,6 +82,16 @@ class ReplayDecision:
         """stepfork failed after the decision: the call raised ``error`` instead of delivering
         its recorded result or running its body."""
 
+    def diverged(self, reason: str) -> BaseException:
+        """The error to raise when the run departs from this call's recording *after* the
+        decision (a substituted stream read past its recorded end); the session records it."""
+        return RuntimeError(reason)
+
+    def failure(self, error_type: str, message: str) -> BaseException:
+        """The error a recorded failure ``(type, redacted message)`` is replayed as, when it
+        comes after the decision (a stream that broke after its recorded chunks)."""
+        return RuntimeError(f"{error_type}: {message}")
+
 
 class Replayer(Protocol):
     """What a boundary needs of a replay session."""

@@ -40,13 +40,16 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
+from stepfork_otel.config import CONFIG
 from stepfork_otel.constants import ACTION_EXECUTED, ACTION_REJECTED, ACTION_SUBSTITUTED
 from stepfork_otel.recording.contract import BoundaryCall, ReplayDecision, Replayer, current_session
 from stepfork_otel.replay import decisions, matching, results
 from stepfork_otel.replay.decisions import Approver, Verdict, parse_mode
 from stepfork_otel.replay.errors import (
     BundleIntegrityError,
+    RecordedDependencyError,
     ReplayError,
+    ReplayMismatchError,
     ReplayPolicyError,
     ReplaySessionError,
 )
@@ -89,6 +92,8 @@ class _Decision(ReplayDecision):
     replayed: ReplayedCall | None = None
     recorded: RecordedCall | None = None
     """The recorded call an executed body stands for (None: substituted)."""
+    expected: RecordedCall | None = None
+    """The recorded call this decision replays (substituted or executed)."""
     token: Token[int | None] | None = None
     live: LiveToken | None = None
     """The network guard's opening for an executed body (closed when it ends)."""
@@ -100,6 +105,24 @@ class _Decision(ReplayDecision):
     def abandon(self, error: BaseException) -> None:
         if self.session is not None:
             self.session.abandon_call(self, error)
+
+    def diverged(self, reason: str) -> BaseException:
+        error = ReplayMismatchError(
+            reason,
+            position=None if self.replayed is None else self.replayed.position,
+            expected=None if self.expected is None else self.expected.describe(),
+        )
+        if self.session is not None:
+            self.session.diverged_after(self, error)
+        return error
+
+    def failure(self, error_type: str, message: str) -> BaseException:
+        return RecordedDependencyError(
+            error_type,
+            CONFIG.settings.redactor.redact_message(message),
+            position=None if self.replayed is None else self.replayed.position,
+            expected=None if self.expected is None else self.expected.describe(),
+        )
 
 
 class ReplaySession:
@@ -419,9 +442,20 @@ class ReplaySession:
             session=self,
             replayed=replayed,
             recorded=expected,
+            expected=expected,
             token=token,
             live=self._network.enter_live(),  # the body may reach its service
         )
+
+    def diverged_after(self, decision: _Decision, error: ReplayMismatchError) -> None:
+        """A call departed from its recording after it was decided (a replayed stream read past
+        its recorded end): a divergence, raised into the agent and kept for the result."""
+        with self._lock:
+            if decision.replayed is not None:
+                decision.replayed.status = "error"
+                decision.replayed.error = f"{type(error).__name__}: {error.reason}"
+            self._errors.append(error)
+            self._divergences.append(error)
 
     def _network_refused(self, error: ReplayPolicyError) -> None:
         """A connection no boundary serves was refused: a divergence, even if the agent swallows
@@ -455,4 +489,5 @@ class ReplaySession:
             error=error,
             session=self,
             replayed=replayed,
+            expected=expected,
         )
