@@ -19,6 +19,12 @@ if TYPE_CHECKING:
     from stepfork_otel.otel.run import RunRecorder, record
     from stepfork_otel.otel.setup import configure
     from stepfork_otel.recording.boundaries import allm_request, llm_request, trace_tool
+    from stepfork_otel.recording.integrations import (
+        instrument_anthropic,
+        instrument_openai,
+        uninstrument_anthropic,
+        uninstrument_openai,
+    )
     from stepfork_otel.replay.errors import (
         BundleIntegrityError,
         RecordedDependencyError,
@@ -86,10 +92,14 @@ _EXPORTS: dict[str, str] = {
     "canonical_json": "stepfork_otel.trace.canonical",
     "configure": "stepfork_otel.otel.setup",
     "fingerprint": "stepfork_otel.trace.canonical",
+    "instrument_anthropic": "stepfork_otel.recording.integrations",
+    "instrument_openai": "stepfork_otel.recording.integrations",
     "iter_traces_from_otlp_json": "stepfork_otel.trace.otlp",
     "llm_request": "stepfork_otel.recording.boundaries",
     "record": "stepfork_otel.otel.run",
     "trace_tool": "stepfork_otel.recording.boundaries",
+    "uninstrument_anthropic": "stepfork_otel.recording.integrations",
+    "uninstrument_openai": "stepfork_otel.recording.integrations",
 }
 
 
@@ -141,8 +151,12 @@ __all__ = [
     "canonical_json",
     "configure",
     "fingerprint",
+    "instrument_anthropic",
+    "instrument_openai",
     "iter_traces_from_otlp_json",
     "llm_request",
     "record",
     "trace_tool",
+    "uninstrument_anthropic",
+    "uninstrument_openai",
 ]

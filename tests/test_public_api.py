@@ -39,10 +39,14 @@ EXPECTED = {
     "canonical_json",
     "configure",
     "fingerprint",
+    "instrument_anthropic",
+    "instrument_openai",
     "iter_traces_from_otlp_json",
     "llm_request",
     "record",
     "trace_tool",
+    "uninstrument_anthropic",
+    "uninstrument_openai",
 }
 
 

@@ -89,9 +89,10 @@ class _Prepared:
     view: Callable[[Any], Any] | None = None
     """The recorded form of the body's result (an SDK integration records the HTTP response
     it received, not the response object); None: the result itself."""
-    describe: Callable[[Any], dict[str, Any]] | None = None
-    """Span attributes read off the recorded value (an integration's GenAI semconv
-    attributes); None: ``usage_attributes`` for an LLM call, nothing for a tool."""
+    describe: Callable[[str, str], dict[str, Any]] | None = None
+    """Span attributes read off the *redacted* recorded input and output texts (an
+    integration's GenAI semconv attributes, content included when it is captured); None:
+    ``usage_attributes`` of the result for an LLM call, nothing for a tool."""
     rebuild_error: Callable[[str, str], BaseException | None] | None = None
     """An integration's own exception for a recorded failure ``(error type, message)``, built
     by trusted code from a fixed list (never from a class named in the bundle); None, or
@@ -306,7 +307,7 @@ def _substituted(span: Span, prepared: _Prepared, decision: ReplayDecision) -> A
         if decision.error is not None:
             record_failure(span, decision.error)
         elif decision.output is not None:
-            span.set_attributes(_described(prepared, decision.value))
+            _set_described(span, _described(prepared, decision.value, decision.output))
     if decision.error is not None:
         raise _recorded_error(prepared, decision.error)
     return decision.value
@@ -337,8 +338,8 @@ def _finish_ok(
             _warn_unreplayable(prepared.call, "output", payload)
         attributes = span_payload_attributes(k.OUTPUT, payload)
         attributes[k.STATUS] = k.STATUS_OK
-        attributes.update(_described(prepared, recorded))
         span.set_attributes(attributes)
+        _set_described(span, _described(prepared, recorded, payload))
         if prepared.kept is not None:
             HANDOFF.keep(prepared.kept, k.OUTPUT, payload)
     except Exception:
@@ -348,14 +349,25 @@ def _finish_ok(
             decision.end(payload, None)
 
 
-def _described(prepared: _Prepared, recorded: Any) -> dict[str, Any]:
+def _described(prepared: _Prepared, recorded: Any, payload: Payload | None) -> dict[str, Any]:
     """The attributes an outcome adds to its span beyond the payload (logged, never raised)."""
     with handle_internal_errors("describing a call outcome"):
         if prepared.describe is not None:
-            return prepared.describe(recorded)
+            if payload is None:
+                return {}
+            return prepared.describe(prepared.call.input.text, payload.text)
         if prepared.call.kind == "llm":
             return usage_attributes(recorded)
     return {}
+
+
+def _set_described(span: Span, attributes: dict[str, Any]) -> None:
+    """Write described attributes; an outcome described with ``error.type`` (an HTTP error
+    status the SDK will raise for) is a failed call for telemetry."""
+    span.set_attributes(attributes)
+    error_type = attributes.get(k.ERROR_TYPE_SEMCONV)
+    if error_type is not None:
+        span.set_status(Status(StatusCode.ERROR, str(error_type)))
 
 
 def _finish_error(span: Span, exc: BaseException, decision: ReplayDecision | None) -> None:
@@ -449,11 +461,11 @@ def _finish_stream(
             attributes[k.STATUS] = k.STATUS_OK  # what was streamed is the recorded outcome
             attributes[k.STREAM] = True
             attributes[k.STREAM_CHUNK_COUNT] = len(recorder.chunks)
-            attributes.update(_described(prepared, value))
-            if error is not None:  # the call failed for telemetry; the recording keeps the chunks
-                attributes[k.ERROR_TYPE_SEMCONV] = qualified_name(type(error))
-                span.set_status(Status(StatusCode.ERROR, qualified_name(type(error))))
             span.set_attributes(attributes)
+            described = _described(prepared, value, payload)
+            if error is not None:  # the call failed for telemetry; the recording keeps the chunks
+                described[k.ERROR_TYPE_SEMCONV] = qualified_name(type(error))
+            _set_described(span, described)
             if prepared.kept is not None:
                 HANDOFF.keep(prepared.kept, k.OUTPUT, payload)
     finally:
@@ -670,6 +682,36 @@ def _prepare_llm_call(
     except Exception:
         internal_error("preparing a boundary call", strict=_in_replay())
         return None
+
+
+def prepare_integration_call(
+    provider: str,
+    model: str,
+    operation: str,
+    request: Any,
+    *,
+    span_name: str | None = None,
+    view: Callable[[Any], Any] | None = None,
+    describe: Callable[[str, str], dict[str, Any]] | None = None,
+    rebuild_error: Callable[[str, str], BaseException | None] | None = None,
+    attributes: dict[str, Any] | None = None,
+) -> _Prepared | None:
+    """An SDK integration's LLM call (see ``recording/integrations``): the same preparation as
+    ``llm_request``, with the integration's hooks; run it with :data:`run_sync` & co."""
+    prepared = _prepare_llm_call(provider, model, operation, request, ReplayPolicy.REPLAYABLE, None)
+    if prepared is not None:
+        prepared.view, prepared.describe, prepared.rebuild_error = view, describe, rebuild_error
+        if span_name is not None:
+            prepared.span_name = span_name
+        if attributes:
+            prepared.attributes.update(attributes)
+    return prepared
+
+
+run_sync = _run_sync
+run_async = _run_async
+run_stream_sync = _run_stream_sync
+run_stream_async = _run_stream_async
 
 
 @overload

@@ -1,0 +1,413 @@
+"""Instrumenting a Stainless-generated LLM SDK (``openai``, ``anthropic``): where, and why there.
+
+Where: two points of the SDK's base client, both stable across its releases. ``request`` (the
+method every resource method ends in, on ``SyncAPIClient``/``AsyncAPIClient``) marks the calls
+that come from the SDK, in a context variable; the HTTP client's ``send`` (``httpx2``, or
+``httpx`` for older releases and for a client given ``http_client=httpx.Client()``) is where the
+request is complete -- model, messages, tools, ``extra_body`` all in its body -- and where a
+response can be served without a socket. Each ``send`` is one boundary call (an HTTP attempt),
+so the SDK's own retries replay attempt by attempt; ``_sleep_for_retry`` returns at once during
+a replay session, so a replayed 429-then-200 costs no real waiting (an SDK release without that
+method sleeps as it did live).
+
+Why not the public methods (``chat.completions.create`` & co.), as the GenAI instrumentations
+do: a recorded response would have to be rebuilt into the SDK's types by us, per method and per
+release, and streams, ``with_raw_response``, ``.parse()``, error classes and responses the SDK
+accepts without validating would each be a special case. At ``send`` the SDK does all of it
+itself, from the bytes it was given, the same way live and in replay.
+
+Why the context variable: ``send`` of an HTTP client that is not the SDK's (the agent's own
+``httpx`` calls) must stay untouched; only sends made inside an instrumented SDK ``request`` are
+boundaries. A replay error raised at ``send`` is carried through the SDK's ``except Exception``
+blocks (which would wrap it as ``APIConnectionError`` and retry) as a ``BaseException`` and raised
+unchanged from ``request``.
+
+Instrumenting patches the classes, so clients created before and after are covered; passing a
+client patches that instance only (copies made with ``with_options`` are not covered).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import threading
+import types
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import trace as trace_api
+
+from stepfork_otel import constants as k
+from stepfork_otel._internal import handle_internal_errors
+from stepfork_otel.recording import boundaries
+from stepfork_otel.recording.contract import current_session
+from stepfork_otel.recording.integrations import exchange
+from stepfork_otel.recording.integrations.exchange import Http
+from stepfork_otel.recording.streams import StreamStart
+
+logger = logging.getLogger("stepfork_otel")
+
+Describe = Callable[[str, str, bool], dict[str, Any]]
+"""``(redacted input text, redacted output text, usage counted elsewhere) -> span attributes``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Provider:
+    """One SDK: how its requests become boundary calls."""
+
+    name: str
+    """``gen_ai.provider.name``."""
+    module: str
+    """The SDK's top-level package."""
+    operation: Callable[[str, str], str]
+    """``(method, relative url) -> gen_ai.operation.name``."""
+    describe: Describe
+
+
+@dataclass(slots=True)
+class _SdkCall:
+    provider: Provider
+    base_url: Any
+
+
+_current: ContextVar[_SdkCall | None] = ContextVar("stepfork_sdk_call", default=None)
+
+
+class _Carried(BaseException):
+    """A replay error on its way through the SDK's ``except Exception`` blocks."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+_ORIGINAL = "__stepfork_original__"
+
+
+def _original(function: Any) -> Any:
+    return getattr(function, _ORIGINAL, None)
+
+
+# --- the SDK's request: marks the calls that come from the SDK -----------------------------------
+
+
+def _sync_request(provider: Provider, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def request(self: Any, *args: Any, **kwargs: Any) -> Any:
+        token = _current.set(_SdkCall(provider, getattr(self, "base_url", "")))
+        try:
+            return original(self, *args, **kwargs)
+        except _Carried as carried:
+            raise carried.error from None
+        finally:
+            _current.reset(token)
+
+    setattr(request, _ORIGINAL, original)
+    return request
+
+
+def _async_request(provider: Provider, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def request(self: Any, *args: Any, **kwargs: Any) -> Any:
+        token = _current.set(_SdkCall(provider, getattr(self, "base_url", "")))
+        try:
+            return await original(self, *args, **kwargs)
+        except _Carried as carried:
+            raise carried.error from None
+        finally:
+            _current.reset(token)
+
+    setattr(request, _ORIGINAL, original)
+    return request
+
+
+def _sync_sleep(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def sleep_for_retry(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if current_session.get() is not None:
+            return None  # a replayed retry: the recorded response is already here
+        return original(self, *args, **kwargs)
+
+    setattr(sleep_for_retry, _ORIGINAL, original)
+    return sleep_for_retry
+
+
+def _async_sleep(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def sleep_for_retry(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if current_session.get() is not None:
+            return None
+        return await original(self, *args, **kwargs)
+
+    setattr(sleep_for_retry, _ORIGINAL, original)
+    return sleep_for_retry
+
+
+# --- the HTTP client's send: the boundary --------------------------------------------------------
+
+
+def _usage_elsewhere() -> bool:
+    """True when the current span is another instrumentation's GenAI span (openai-v2,
+    openinference, the Anthropic SDK's own spans): it reports the token usage, so this call's
+    span does not, and dashboards count it once."""
+    span = trace_api.get_current_span()
+    attributes = getattr(span, "attributes", None)
+    if not attributes or attributes.get(k.KIND) is not None:
+        return False
+    return attributes.get(k.GEN_AI_OPERATION_NAME) is not None or attributes.get(
+        k.OPENINFERENCE_SPAN_KIND
+    ) in ("LLM", "EMBEDDING")
+
+
+def _prepare(call: _SdkCall, http: Http, request: Any) -> Any:
+    """The boundary call of one request (None: stepfork failed preparing it, logged)."""
+    with handle_internal_errors("preparing an SDK call"):
+        recorded = exchange.request_input(request, call.base_url)
+        body = recorded.get("body")
+        model = body.get("model") if isinstance(body, dict) else None
+        model = model if isinstance(model, str) else ""
+        provider = call.provider
+        operation = provider.operation(recorded["method"], recorded["url"])
+        elsewhere = _usage_elsewhere()
+        return boundaries.prepare_integration_call(
+            provider.name,
+            model,
+            operation,
+            recorded,
+            span_name=f"{operation} {model}" if model else operation,
+            view=exchange.response_record,
+            describe=lambda i, o: provider.describe(i, o, elsewhere),
+            rebuild_error=lambda error_type, message: http.transport_error(
+                error_type, message, request
+            ),
+        )
+    return None
+
+
+def _carry(error: BaseException, raised_by_body: list[BaseException], http: Http) -> BaseException:
+    """What ``send`` raises: the SDK's own path for a live or replayed transport failure;
+    anything else stepfork raised on purpose is carried past the SDK to ``request``."""
+    if (raised_by_body and error is raised_by_body[0]) or http.is_transport_error(error):
+        return error
+    return _Carried(error)
+
+
+def _sync_send(http: Http, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        call = _current.get()
+        if call is None:
+            return original(self, request, *args, **kwargs)
+        prepared = _prepare(call, http, request)
+        if prepared is None:
+            return original(self, request, *args, **kwargs)
+        raised: list[BaseException] = []
+        live: list[Any] = []
+
+        def perform() -> Any:
+            try:
+                response = original(self, request, *args, **kwargs)
+            except BaseException as exc:
+                raised.append(exc)
+                raise
+            live.append(response)
+            return response
+
+        try:
+            if not kwargs.get("stream"):
+                result = boundaries.run_sync(prepared, perform)
+                return result if live else http.response(request, result)
+
+            def open_stream() -> StreamStart[Any]:
+                response = perform()
+                if not exchange.is_event_stream(response):
+                    response.read()
+                    return StreamStart(iter(()), exchange.response_record(response))
+                events = exchange.sse_events(response.iter_bytes())
+                return StreamStart(events, exchange.response_head(response), response.close)
+
+            head, events = boundaries.run_stream_sync(prepared, open_stream)
+            if live and not exchange.is_event_stream(live[0]):
+                for _ in events:  # no events: the call is finished now
+                    pass
+                return live[0]
+            if not live and exchange.STREAM_BODY_KEYS & head.keys():
+                return http.response(request, head)
+            status, headers = (
+                (live[0].status_code, live[0].headers) if live else exchange.head_of(head)
+            )
+            return http.streamed(request, status, headers, events)
+        except BaseException as exc:
+            raise _carry(exc, raised, http) from None
+
+    setattr(send, _ORIGINAL, original)
+    return send
+
+
+def _async_send(http: Http, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        call = _current.get()
+        if call is None:
+            return await original(self, request, *args, **kwargs)
+        prepared = _prepare(call, http, request)
+        if prepared is None:
+            return await original(self, request, *args, **kwargs)
+        raised: list[BaseException] = []
+        live: list[Any] = []
+
+        async def perform() -> Any:
+            try:
+                response = await original(self, request, *args, **kwargs)
+            except BaseException as exc:
+                raised.append(exc)
+                raise
+            live.append(response)
+            return response
+
+        try:
+            if not kwargs.get("stream"):
+                result = await boundaries.run_async(prepared, perform)
+                return result if live else http.response(request, result)
+
+            async def open_stream() -> StreamStart[Any]:
+                response = await perform()
+                if not exchange.is_event_stream(response):
+                    await response.aread()
+                    return StreamStart(_no_events(), exchange.response_record(response))
+                events = exchange.async_sse_events(response.aiter_bytes())
+                return StreamStart(events, exchange.response_head(response), response.aclose)
+
+            head, events = await boundaries.run_stream_async(prepared, open_stream)
+            if live and not exchange.is_event_stream(live[0]):
+                async for _ in events:
+                    pass
+                return live[0]
+            if not live and exchange.STREAM_BODY_KEYS & head.keys():
+                return http.response(request, head)
+            status, headers = (
+                (live[0].status_code, live[0].headers) if live else exchange.head_of(head)
+            )
+            return http.astreamed(request, status, headers, events)
+        except BaseException as exc:
+            raise _carry(exc, raised, http) from None
+
+    setattr(send, _ORIGINAL, original)
+    return send
+
+
+async def _no_events() -> Any:
+    return
+    yield  # an async generator with nothing in it
+
+
+# --- instrumenting and undoing it ----------------------------------------------------------------
+
+_lock = threading.Lock()
+_instrumented: set[str] = set()
+"""Providers instrumented class-wide."""
+_clients: dict[str, int] = {}
+"""Providers with instrumented clients (count), which need the HTTP patch too."""
+
+
+def _patch(owner: Any, name: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    current = owner.__dict__.get(name) if isinstance(owner, type) else None
+    if current is None:
+        current = getattr(owner, name, None)
+    if current is None or _original(current) is not None:
+        return  # absent in this release, or patched already
+    setattr(owner, name, wrap(current))
+
+
+def _unpatch(owner: Any, name: str) -> None:
+    current = owner.__dict__.get(name) if isinstance(owner, type) else None
+    original = _original(current)
+    if original is not None:
+        setattr(owner, name, original)
+
+
+def _http_libraries() -> list[Http]:
+    found = []
+    for name in ("httpx2", "httpx"):
+        try:
+            found.append(Http(importlib.import_module(name)))
+        except ImportError:
+            continue
+    return found
+
+
+def _install_http() -> None:
+    for http in _http_libraries():
+        _patch(http.module.Client, "send", functools.partial(_sync_send, http))
+        _patch(http.module.AsyncClient, "send", functools.partial(_async_send, http))
+
+
+def _uninstall_http() -> None:
+    if _instrumented or any(_clients.values()):
+        return
+    for http in _http_libraries():
+        _unpatch(http.module.Client, "send")
+        _unpatch(http.module.AsyncClient, "send")
+
+
+def _base_client(provider: Provider) -> Any:
+    try:
+        return importlib.import_module(f"{provider.module}._base_client")
+    except ImportError as exc:
+        raise ImportError(
+            f"instrumenting {provider.name} needs the '{provider.module}' package: "
+            f"pip install 'stepfork-otel[{provider.module}]'"
+        ) from exc
+
+
+def instrument(provider: Provider, client: Any = None) -> None:
+    """Make every request of the SDK (or of ``client`` only) a boundary call. Idempotent."""
+    base = _base_client(provider)
+    with _lock:
+        _install_http()
+        if client is None:
+            _patch(base.SyncAPIClient, "request", functools.partial(_sync_request, provider))
+            _patch(base.AsyncAPIClient, "request", functools.partial(_async_request, provider))
+            _patch(base.SyncAPIClient, "_sleep_for_retry", _sync_sleep)
+            _patch(base.AsyncAPIClient, "_sleep_for_retry", _async_sleep)
+            _instrumented.add(provider.name)
+            return
+        if not isinstance(client, (base.SyncAPIClient, base.AsyncAPIClient)):
+            raise TypeError(
+                f"instrument_{provider.module}() expects a {provider.module} client, "
+                f"got {type(client).__name__}"
+            )
+        if "request" in vars(client):
+            return  # this client is instrumented already
+        is_async = isinstance(client, base.AsyncAPIClient)
+        wrap = _async_request if is_async else _sync_request
+        method = wrap(provider, type(client).request)
+        client.request = types.MethodType(method, client)
+        sleep = getattr(type(client), "_sleep_for_retry", None)
+        if sleep is not None and _original(sleep) is None:
+            client._sleep_for_retry = types.MethodType(
+                (_async_sleep if is_async else _sync_sleep)(sleep), client
+            )
+        _clients[provider.name] = _clients.get(provider.name, 0) + 1
+
+
+def uninstrument(provider: Provider, client: Any = None) -> None:
+    """Undo :func:`instrument` (for the SDK, or for ``client``). Idempotent."""
+    try:
+        base = _base_client(provider)
+    except ImportError:
+        return
+    with _lock:
+        if client is None:
+            for cls in (base.SyncAPIClient, base.AsyncAPIClient):
+                _unpatch(cls, "request")
+                _unpatch(cls, "_sleep_for_retry")
+            _instrumented.discard(provider.name)
+        elif "request" in vars(client):
+            del client.request
+            vars(client).pop("_sleep_for_retry", None)
+            _clients[provider.name] = max(0, _clients.get(provider.name, 0) - 1)
+        _uninstall_http()
