@@ -159,7 +159,9 @@ class FakeLLM:
         handler.wfile.write(data)
 
     @staticmethod
-    def _send_events(handler: BaseHTTPRequestHandler, events: Iterator[tuple[str | None, Any]]) -> None:
+    def _send_events(
+        handler: BaseHTTPRequestHandler, events: Iterator[tuple[str | None, Any]]
+    ) -> None:
         handler.send_response(200)
         handler.send_header("content-type", "text/event-stream")
         handler.send_header("transfer-encoding", "chunked")
@@ -226,6 +228,10 @@ class FakeLLM:
             _text_of(results[-1].get("content")) if results else None,
             _text_of(users[-1].get("content")) if users else "",
         )
+        response_format = body.get("response_format") or {}
+        if response_format.get("type") == "json_schema" and plan.kind == "text":
+            schema = response_format.get("json_schema", {}).get("schema", {})
+            plan = _Plan("text", json.dumps(_schema_arguments(schema)))
         model, rid = body.get("model", ""), self._next_id("chatcmpl-")
         usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
         call_id = self._next_id("call_")
@@ -276,22 +282,26 @@ class FakeLLM:
             yield None, chunk({"role": "assistant", "content": ""})
             if plan.kind == "tool":
                 call = message["tool_calls"][0]
-                yield None, chunk(
-                    {
-                        "tool_calls": [
-                            {
-                                "index": 0,
-                                "id": call["id"],
-                                "type": "function",
-                                "function": {"name": plan.name, "arguments": ""},
-                            }
-                        ]
-                    }
+                yield (
+                    None,
+                    chunk(
+                        {
+                            "tool_calls": [
+                                {
+                                    "index": 0,
+                                    "id": call["id"],
+                                    "type": "function",
+                                    "function": {"name": plan.name, "arguments": ""},
+                                }
+                            ]
+                        }
+                    ),
                 )
                 arguments = call["function"]["arguments"]
                 for piece in (arguments[: len(arguments) // 2], arguments[len(arguments) // 2 :]):
-                    yield None, chunk(
-                        {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+                    yield (
+                        None,
+                        chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}),
                     )
             else:
                 for word in plan.text.split(" "):
@@ -366,87 +376,117 @@ class FakeLLM:
         def events() -> Iterator[tuple[str | None, Any]]:
             seq = iter(range(1000))
             started = dict(response, status="in_progress", output=[], usage=None)
-            yield "response.created", {
-                "type": "response.created",
-                "response": started,
-                "sequence_number": next(seq),
-            }
+            yield (
+                "response.created",
+                {
+                    "type": "response.created",
+                    "response": started,
+                    "sequence_number": next(seq),
+                },
+            )
             added = dict(item, status="in_progress")
             if item["type"] == "message":
                 added["content"] = []
             elif item["type"] == "function_call":
                 added["arguments"] = ""
-            yield "response.output_item.added", {
-                "type": "response.output_item.added",
-                "output_index": 0,
-                "item": added,
-                "sequence_number": next(seq),
-            }
+            yield (
+                "response.output_item.added",
+                {
+                    "type": "response.output_item.added",
+                    "output_index": 0,
+                    "item": added,
+                    "sequence_number": next(seq),
+                },
+            )
             if item["type"] == "message":
                 text = item["content"][0]["text"]
                 part = {"type": "output_text", "text": "", "annotations": []}
-                yield "response.content_part.added", {
-                    "type": "response.content_part.added",
-                    "item_id": item["id"],
-                    "output_index": 0,
-                    "content_index": 0,
-                    "part": part,
-                    "sequence_number": next(seq),
-                }
-                for word in text.split(" "):
-                    yield "response.output_text.delta", {
-                        "type": "response.output_text.delta",
+                yield (
+                    "response.content_part.added",
+                    {
+                        "type": "response.content_part.added",
                         "item_id": item["id"],
                         "output_index": 0,
                         "content_index": 0,
-                        "delta": word + " " if word != text.split(" ")[-1] else word,
+                        "part": part,
+                        "sequence_number": next(seq),
+                    },
+                )
+                for word in text.split(" "):
+                    yield (
+                        "response.output_text.delta",
+                        {
+                            "type": "response.output_text.delta",
+                            "item_id": item["id"],
+                            "output_index": 0,
+                            "content_index": 0,
+                            "delta": word + " " if word != text.split(" ")[-1] else word,
+                            "logprobs": [],
+                            "sequence_number": next(seq),
+                        },
+                    )
+                yield (
+                    "response.output_text.done",
+                    {
+                        "type": "response.output_text.done",
+                        "item_id": item["id"],
+                        "output_index": 0,
+                        "content_index": 0,
+                        "text": text,
                         "logprobs": [],
                         "sequence_number": next(seq),
-                    }
-                yield "response.output_text.done", {
-                    "type": "response.output_text.done",
-                    "item_id": item["id"],
-                    "output_index": 0,
-                    "content_index": 0,
-                    "text": text,
-                    "logprobs": [],
-                    "sequence_number": next(seq),
-                }
-                yield "response.content_part.done", {
-                    "type": "response.content_part.done",
-                    "item_id": item["id"],
-                    "output_index": 0,
-                    "content_index": 0,
-                    "part": item["content"][0],
-                    "sequence_number": next(seq),
-                }
+                    },
+                )
+                yield (
+                    "response.content_part.done",
+                    {
+                        "type": "response.content_part.done",
+                        "item_id": item["id"],
+                        "output_index": 0,
+                        "content_index": 0,
+                        "part": item["content"][0],
+                        "sequence_number": next(seq),
+                    },
+                )
             else:
-                yield "response.function_call_arguments.delta", {
-                    "type": "response.function_call_arguments.delta",
-                    "item_id": item["id"],
+                yield (
+                    "response.function_call_arguments.delta",
+                    {
+                        "type": "response.function_call_arguments.delta",
+                        "item_id": item["id"],
+                        "output_index": 0,
+                        "delta": item["arguments"],
+                        "sequence_number": next(seq),
+                    },
+                )
+                yield (
+                    "response.function_call_arguments.done",
+                    {
+                        "type": "response.function_call_arguments.done",
+                        "item_id": item["id"],
+                        "output_index": 0,
+                        "arguments": item["arguments"],
+                        "name": item["name"],
+                        "sequence_number": next(seq),
+                    },
+                )
+            yield (
+                "response.output_item.done",
+                {
+                    "type": "response.output_item.done",
                     "output_index": 0,
-                    "delta": item["arguments"],
+                    "item": item,
                     "sequence_number": next(seq),
-                }
-                yield "response.function_call_arguments.done", {
-                    "type": "response.function_call_arguments.done",
-                    "item_id": item["id"],
-                    "output_index": 0,
-                    "arguments": item["arguments"],
-                    "name": item["name"],
+                },
+            )
+            yield (
+                "response.completed",
+                {
+                    "type": "response.completed",
+                    "response": response,
                     "sequence_number": next(seq),
-                }
-            yield "response.output_item.done", {
-                "type": "response.output_item.done",
-                "output_index": 0,
-                "item": item,
-                "sequence_number": next(seq),
-            }
-            yield "response.completed", {
-                "type": "response.completed",
-                "response": response,
-                "sequence_number": next(seq),
-            }
+                },
+            )
 
         self._send_events(handler, events())
 
@@ -477,7 +517,9 @@ class FakeLLM:
 
     def _messages(self, handler: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
         messages = body.get("messages", [])
-        tools = [{"name": t["name"], "schema": t.get("input_schema", {})} for t in body.get("tools", [])]
+        tools = [
+            {"name": t["name"], "schema": t.get("input_schema", {})} for t in body.get("tools", [])
+        ]
         tool_result = None
         last_user = ""
         for message in messages:
@@ -523,32 +565,48 @@ class FakeLLM:
             return
 
         def events() -> Iterator[tuple[str | None, Any]]:
-            start = dict(message_out, content=[], stop_reason=None, usage=dict(usage, output_tokens=1))
+            start = dict(
+                message_out, content=[], stop_reason=None, usage=dict(usage, output_tokens=1)
+            )
             yield "message_start", {"type": "message_start", "message": start}
-            empty = {"type": "text", "text": ""} if block["type"] == "text" else dict(block, input={})
-            yield "content_block_start", {"type": "content_block_start", "index": 0, "content_block": empty}
+            empty = (
+                {"type": "text", "text": ""} if block["type"] == "text" else dict(block, input={})
+            )
+            yield (
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": empty},
+            )
             yield "ping", {"type": "ping"}
             if block["type"] == "text":
                 for word in plan.text.split(" "):
-                    yield "content_block_delta", {
-                        "type": "content_block_delta",
-                        "index": 0,
-                        "delta": {"type": "text_delta", "text": word + " "},
-                    }
+                    yield (
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": 0,
+                            "delta": {"type": "text_delta", "text": word + " "},
+                        },
+                    )
             else:
                 arguments = json.dumps(block["input"])
                 for piece in (arguments[: len(arguments) // 2], arguments[len(arguments) // 2 :]):
-                    yield "content_block_delta", {
-                        "type": "content_block_delta",
-                        "index": 0,
-                        "delta": {"type": "input_json_delta", "partial_json": piece},
-                    }
+                    yield (
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": 0,
+                            "delta": {"type": "input_json_delta", "partial_json": piece},
+                        },
+                    )
             yield "content_block_stop", {"type": "content_block_stop", "index": 0}
-            yield "message_delta", {
-                "type": "message_delta",
-                "delta": {"stop_reason": stop, "stop_sequence": None},
-                "usage": {"output_tokens": 5},
-            }
+            yield (
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": stop, "stop_sequence": None},
+                    "usage": {"output_tokens": 5},
+                },
+            )
             yield "message_stop", {"type": "message_stop"}
 
         self._send_events(handler, events())

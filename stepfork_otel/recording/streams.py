@@ -47,6 +47,9 @@ class StreamStart(Generic[T]):
     """JSON values known before the first chunk; recorded beside the chunks."""
     close: Callable[[], Any] | None = None
     """Releases the source when the agent stops early (e.g. closes the HTTP response)."""
+    is_last: Callable[[T], bool] | None = None
+    """Tells the source's own end marker (OpenAI's ``[DONE]``, Anthropic's ``message_stop``):
+    a stream closed right after it was read to its end, so it is recorded as complete."""
 
 
 def stream_value(
@@ -77,13 +80,14 @@ def is_stream_value(value: Any) -> bool:
 class Recorder:
     """The chunks of one live stream so far, and the once-only finish."""
 
-    __slots__ = ("__weakref__", "_finish", "_lock", "chunks", "done", "head")
+    __slots__ = ("__weakref__", "_finish", "_is_last", "_lock", "chunks", "done", "head")
 
-    def __init__(self, head: dict[str, Any], finish: Finish) -> None:
-        self.head = head
+    def __init__(self, start: StreamStart[Any], finish: Finish) -> None:
+        self.head = start.head
         self.chunks: list[Any] = []
         self.done = False
         self._finish = finish
+        self._is_last = start.is_last
         self._lock = threading.Lock()
 
     def end(self, complete: bool, error: BaseException | None = None) -> None:
@@ -91,6 +95,8 @@ class Recorder:
             if self.done:
                 return
             self.done = True
+        if not complete and error is None and self.chunks and self._is_last is not None:
+            complete = bool(self._is_last(self.chunks[-1]))
         self._finish(self, complete, error)
 
 
@@ -107,7 +113,7 @@ class LiveStream(Generic[T]):
     def __init__(self, start: StreamStart[T], finish: Finish) -> None:
         self._chunks = start.chunks
         self._source_close = start.close
-        self._recorder = Recorder(start.head, finish)
+        self._recorder = Recorder(start, finish)
         weakref.finalize(self, _finish_unclosed, self._recorder)
 
     @property
@@ -154,7 +160,7 @@ class AsyncLiveStream(Generic[T]):
     def __init__(self, start: StreamStart[T], finish: Finish) -> None:
         self._chunks = start.chunks
         self._source_close = start.close
-        self._recorder = Recorder(start.head, finish)
+        self._recorder = Recorder(start, finish)
         weakref.finalize(self, _finish_unclosed, self._recorder)
 
     @property

@@ -246,6 +246,22 @@ async def async_sse_events(pieces: AsyncIterator[bytes]) -> AsyncIterator[dict[s
         yield event
 
 
+#: Events after which a stream has nothing more to say (the SDKs stop reading there).
+_FINAL_EVENTS = frozenset(
+    {"message_stop", "response.completed", "response.failed", "response.incomplete", "error"}
+)
+
+
+def is_final_event(event: Any) -> bool:
+    if not isinstance(event, dict):
+        return False
+    if event.get("text") == "[DONE]":
+        return True
+    data = event.get("data")
+    kind = data.get("type") if isinstance(data, dict) else None
+    return event.get("event") in _FINAL_EVENTS or kind in _FINAL_EVENTS
+
+
 def event_bytes(event: Any) -> bytes:
     """One recorded event as the server sent it (``event:``/``id:``/``data:`` lines)."""
     if not isinstance(event, dict):

@@ -227,7 +227,12 @@ def _sync_send(http: Http, original: Callable[..., Any]) -> Callable[..., Any]:
                     response.read()
                     return StreamStart(iter(()), exchange.response_record(response))
                 events = exchange.sse_events(response.iter_bytes())
-                return StreamStart(events, exchange.response_head(response), response.close)
+                return StreamStart(
+                    events,
+                    exchange.response_head(response),
+                    response.close,
+                    exchange.is_final_event,
+                )
 
             head, events = boundaries.run_stream_sync(prepared, open_stream)
             if live and not exchange.is_event_stream(live[0]):
@@ -279,7 +284,12 @@ def _async_send(http: Http, original: Callable[..., Any]) -> Callable[..., Any]:
                     await response.aread()
                     return StreamStart(_no_events(), exchange.response_record(response))
                 events = exchange.async_sse_events(response.aiter_bytes())
-                return StreamStart(events, exchange.response_head(response), response.aclose)
+                return StreamStart(
+                    events,
+                    exchange.response_head(response),
+                    response.aclose,
+                    exchange.is_final_event,
+                )
 
             head, events = await boundaries.run_stream_async(prepared, open_stream)
             if live and not exchange.is_event_stream(live[0]):

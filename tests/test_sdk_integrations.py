@@ -1,0 +1,131 @@
+"""The real ``openai`` and ``anthropic`` SDKs, instrumented with one line each, against a loopback
+fake server: every scenario is recorded, then replayed in a fresh process with the server stopped.
+The agent must see the same classes and ``model_dump()`` values, streams chunk for chunk, the
+same exception classes, and replay must serve every call (no request reaches anything)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from examples.fake_llm import FakeLLM
+from stepfork_otel import Trace
+
+pytest.importorskip("openai")
+pytest.importorskip("anthropic")
+
+AGENTS = Path(__file__).with_name("sdk_agents.py")
+
+
+def run_agent(scenario: str, mode: str, bundle: Path, url: str, tmp_path: Path) -> dict[str, Any]:
+    out = tmp_path / f"{scenario}.{mode}.json"
+    env = dict(os.environ, PYTHONPATH=str(AGENTS.parent.parent))
+    env.pop("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", None)
+    done = subprocess.run(
+        [sys.executable, str(AGENTS), scenario, mode, str(bundle), str(out), url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+Run = tuple[dict[str, Any], dict[str, Any], Trace, int, Path]
+_runs: dict[str, Run] = {}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Each scenario recorded (server up) and replayed in a fresh process (server stopped), once
+    per module: ``(recorded, replayed, trace, requests served while recording, bundle)``."""
+
+    def get(scenario: str, kind: str) -> Run:
+        if scenario not in _runs:
+            tmp_path = tmp_path_factory.mktemp(scenario)
+            bundle = tmp_path / f"{scenario}.sftrace"
+            with FakeLLM() as llm:
+                url = llm.openai_url if kind == "openai" else llm.anthropic_url
+                recorded = run_agent(scenario, "record", bundle, url, tmp_path)
+                served = len(llm.requests)
+            replayed = run_agent(scenario, "replay", bundle, url, tmp_path)  # the server is gone
+            _runs[scenario] = (recorded, replayed, Trace.load(bundle), served, bundle)
+        return _runs[scenario]
+
+    return get
+
+
+@pytest.mark.parametrize(
+    ("scenario", "kind"),
+    [
+        ("openai_sync", "openai"),
+        ("openai_async", "openai"),
+        ("anthropic_sync", "anthropic"),
+        ("anthropic_async", "anthropic"),
+    ],
+)
+def test_an_sdk_agent_replays_offline_seeing_exactly_what_it_saw_live(
+    scenario: str, kind: str, runs: Any
+) -> None:
+    recorded, replayed, trace, served, _ = runs(scenario, kind)
+    assert replayed["seen"] == recorded["seen"]
+    calls = [e for e in trace.events if e.type == "llm_request"]
+    assert len(calls) == served  # one recorded call per HTTP attempt, retries included
+    assert replayed["actions"] == ["substituted"] * served
+    assert trace.complete
+
+
+def test_the_openai_agent_saw_the_sdk_own_types_streams_and_errors(runs: Any) -> None:
+    _, replayed, trace, _, bundle = runs("openai_sync", "openai")
+    seen = replayed["seen"]
+    assert seen[0][0] == "openai.types.chat.chat_completion.ChatCompletion"
+    assert seen[1][0] == "Stream"
+    assert [c[0] for c in seen[1][1]] == [
+        "openai.types.chat.chat_completion_chunk.ChatCompletionChunk"
+    ] * len(seen[1][1])
+    assert seen[2][0] == "early"
+    quirky = seen[4][1]
+    assert quirky["choices"][0]["finish_reason"] is None
+    assert quirky["created"] == 1700000000.5
+    assert seen[6][:2] == ["RateLimitError", 429]
+    assert seen[7][:2] == ["InternalServerError", 500]
+    assert seen[9][1]["choices"][0]["message"]["parsed"] == {"text": "Paris"}
+    assert seen[12][1]["data"][0]["embedding"]
+    assert seen[13][0] == "req_fake"
+    # the request as sent is the recorded input: extra_body and sampling parameters included
+    inputs = [json.loads(e.input or "") for e in trace.events if e.type == "llm_request"]
+    streamed = inputs[1]
+    assert streamed["url"] == "chat/completions"
+    assert streamed["body"]["metadata_tag"] == "x"
+    assert streamed["body"]["temperature"] == 0.2
+    # the API key never reaches the bundle, whatever the position
+    text = bundle.read_text()
+    assert "NOTAREALKEY" not in text
+    assert "authorization" not in text.lower()
+
+
+def test_a_stream_closed_early_is_recorded_as_read_so_far(runs: Any) -> None:
+    _, _, trace, _, _ = runs("openai_sync", "openai")
+    outputs = [json.loads(e.output or "") for e in trace.events if e.type == "llm_response"]
+    early = outputs[2]
+    assert early["complete"] is False
+    assert 1 <= len(early["chunks"]) < 8
+    assert all(o["complete"] for o in outputs if "chunks" in o and o is not early)
+
+
+def test_a_connection_failure_replays_as_the_sdk_connection_error(runs: Any) -> None:
+    recorded, replayed, trace, _, _ = runs("openai_timeout", "openai")
+    assert recorded["seen"] == replayed["seen"]
+    assert replayed["seen"][0][0] == "APIConnectionError"
+    assert replayed["seen"][0][2] == "ConnectError"
+    errors = [e for e in trace.events if e.type == "error"]
+    assert len(errors) == 2  # the first attempt and its retry
+    assert errors[0].error_type == "httpx2.ConnectError"
