@@ -138,6 +138,7 @@ def _prepare_tool(
         k.REPLAY_POLICY: policy.value,
         k.GEN_AI_OPERATION_NAME: k.OP_EXECUTE_TOOL,
         k.GEN_AI_TOOL_NAME: name,
+        k.GEN_AI_TOOL_TYPE: k.TOOL_TYPE_FUNCTION,
         k.OPENINFERENCE_SPAN_KIND: k.OI_KIND_TOOL,
     }
     return _Prepared(call, f"{k.OP_EXECUTE_TOOL} {name}", SpanKind.INTERNAL, attributes, session)

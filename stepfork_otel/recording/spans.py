@@ -101,6 +101,7 @@ def record_failure(span: Span, exc: BaseException) -> None:
     HANDOFF.keep_for(span, k.ERROR_MESSAGE, Payload.from_text(message))  # whole, past limits
     span.set_attribute(k.STATUS, k.STATUS_ERROR)
     span.set_attribute(k.ERROR_TYPE, error_type)
+    span.set_attribute(k.ERROR_TYPE_SEMCONV, error_type)
     span.set_attribute(k.ERROR_MESSAGE, message)
     span.add_event(k.EXCEPTION_EVENT, {k.EXCEPTION_TYPE: error_type, k.EXCEPTION_MESSAGE: message})
     span.set_status(Status(StatusCode.ERROR, f"{error_type}: {message}"))

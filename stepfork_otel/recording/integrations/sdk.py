@@ -94,9 +94,17 @@ def _original(function: Any) -> Any:
 # --- the SDK's request: marks the calls that come from the SDK -----------------------------------
 
 
+def _marks(provider: Provider, client: Any) -> bool:
+    """A wrapper left behind (another instrumentation restored a copy of it when it was undone)
+    marks nothing once the SDK is no longer instrumented."""
+    return provider.name in _instrumented or "request" in vars(client)
+
+
 def _sync_request(provider: Provider, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def request(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _marks(provider, self):
+            return original(self, *args, **kwargs)
         token = _current.set(_SdkCall(provider, getattr(self, "base_url", "")))
         try:
             return original(self, *args, **kwargs)
@@ -112,6 +120,8 @@ def _sync_request(provider: Provider, original: Callable[..., Any]) -> Callable[
 def _async_request(provider: Provider, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def request(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _marks(provider, self):
+            return await original(self, *args, **kwargs)
         token = _current.set(_SdkCall(provider, getattr(self, "base_url", "")))
         try:
             return await original(self, *args, **kwargs)
@@ -339,6 +349,19 @@ def _unpatch(owner: Any, name: str) -> None:
         setattr(owner, name, original)
 
 
+def _with_own(root: type, name: str) -> list[type]:
+    """``root`` and every subclass that defines ``name`` itself: another instrumentation
+    (openinference wraps ``OpenAI.request``) puts its own wrapper on the subclass, which
+    would otherwise hide the base class's method from this one."""
+    found, todo = [root], list(root.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if name in vars(cls):
+            found.append(cls)
+    return found
+
+
 def _http_libraries() -> list[Http]:
     found = []
     for name in ("httpx2", "httpx"):
@@ -379,8 +402,10 @@ def instrument(provider: Provider, client: Any = None) -> None:
     with _lock:
         _install_http()
         if client is None:
-            _patch(base.SyncAPIClient, "request", functools.partial(_sync_request, provider))
-            _patch(base.AsyncAPIClient, "request", functools.partial(_async_request, provider))
+            for cls in _with_own(base.SyncAPIClient, "request"):
+                _patch(cls, "request", functools.partial(_sync_request, provider))
+            for cls in _with_own(base.AsyncAPIClient, "request"):
+                _patch(cls, "request", functools.partial(_async_request, provider))
             _patch(base.SyncAPIClient, "_sleep_for_retry", _sync_sleep)
             _patch(base.AsyncAPIClient, "_sleep_for_retry", _async_sleep)
             _instrumented.add(provider.name)
@@ -412,9 +437,10 @@ def uninstrument(provider: Provider, client: Any = None) -> None:
         return
     with _lock:
         if client is None:
-            for cls in (base.SyncAPIClient, base.AsyncAPIClient):
-                _unpatch(cls, "request")
-                _unpatch(cls, "_sleep_for_retry")
+            for root in (base.SyncAPIClient, base.AsyncAPIClient):
+                for cls in _with_own(root, "request"):
+                    _unpatch(cls, "request")
+                _unpatch(root, "_sleep_for_retry")
             _instrumented.discard(provider.name)
         elif "request" in vars(client):
             del client.request

@@ -1,0 +1,231 @@
+"""What instrumented SDK calls put on their spans: GenAI semantic conventions (request parameters,
+response id/model/finish reasons, usage with cache tokens and Anthropic's input-token rule,
+``error.type``), message content only when ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``
+says so -- and, beside the OTel GenAI instrumentations, token usage counted once."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Recording
+
+import stepfork_otel
+from examples.fake_llm import FakeLLM
+from stepfork_otel import ReplaySession, Trace, record
+from stepfork_otel import constants as k
+
+openai = pytest.importorskip("openai")
+anthropic = pytest.importorskip("anthropic")
+
+
+@pytest.fixture
+def llm() -> Iterator[FakeLLM]:
+    stepfork_otel.instrument_openai()
+    stepfork_otel.instrument_anthropic()
+    with FakeLLM() as server:
+        yield server
+    stepfork_otel.uninstrument_openai()
+    stepfork_otel.uninstrument_anthropic()
+
+
+def boundary_spans(recording: Recording) -> list[Any]:
+    return [
+        s
+        for s in recording.exporter.get_finished_spans()
+        if s.attributes is not None and s.attributes.get(k.KIND) == k.KIND_LLM
+    ]
+
+
+def test_a_chat_completion_span_carries_the_conventions_and_no_content_by_default(
+    recording: Recording, llm: FakeLLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(k.ENV_CAPTURE_MESSAGE_CONTENT, raising=False)
+    client = openai.OpenAI(base_url=llm.openai_url, api_key="sk-test")
+    with record(tmp_path / "c.sftrace"):
+        client.chat.completions.create(
+            model="gpt-4o",
+            messages=[{"role": "user", "content": "hi"}],
+            temperature=0.3,
+            max_tokens=50,
+            seed=7,
+            stop=["\n"],
+        )
+    (span,) = boundary_spans(recording)
+    a = dict(span.attributes)
+    assert span.name == "chat gpt-4o"
+    assert span.kind.name == "CLIENT"
+    assert a[k.GEN_AI_PROVIDER_NAME] == "openai"
+    assert a[k.GEN_AI_OPERATION_NAME] == "chat"
+    assert a[k.GEN_AI_REQUEST_MODEL] == "gpt-4o"
+    assert a[k.GEN_AI_REQUEST_TEMPERATURE] == 0.3
+    assert a[k.GEN_AI_REQUEST_MAX_TOKENS] == 50
+    assert a[k.GEN_AI_REQUEST_SEED] == 7
+    assert a[k.GEN_AI_REQUEST_STOP_SEQUENCES] == ("\n",)
+    assert a[k.GEN_AI_RESPONSE_MODEL] == "gpt-4o"
+    assert a[k.GEN_AI_RESPONSE_ID].startswith("chatcmpl-")
+    assert a[k.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
+    assert a[k.GEN_AI_USAGE_INPUT_TOKENS] == 11
+    assert a[k.GEN_AI_USAGE_OUTPUT_TOKENS] == 7
+    for key in (k.GEN_AI_INPUT_MESSAGES, k.GEN_AI_OUTPUT_MESSAGES, k.GEN_AI_SYSTEM_INSTRUCTIONS):
+        assert key not in a
+
+
+def test_message_content_in_the_spec_shape_when_capture_is_on(
+    recording: Recording, llm: FakeLLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(k.ENV_CAPTURE_MESSAGE_CONTENT, "true")
+    client = anthropic.Anthropic(base_url=llm.anthropic_url, api_key="sk-ant-test")
+    tools = [{"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}]
+    with record(tmp_path / "m.sftrace"):
+        client.messages.create(
+            model="claude-sonnet-4-5",
+            max_tokens=64,
+            system="You are terse.",
+            messages=[{"role": "user", "content": "weather?"}],
+            tools=tools,
+        )
+        with client.messages.stream(
+            model="claude-sonnet-4-5",
+            max_tokens=64,
+            messages=[{"role": "user", "content": "hello"}],
+        ) as stream:
+            stream.get_final_message()
+    tool_span, stream_span = boundary_spans(recording)
+    a = dict(tool_span.attributes)
+    assert json.loads(a[k.GEN_AI_SYSTEM_INSTRUCTIONS]) == [
+        {"type": "text", "content": "You are terse."}
+    ]
+    assert json.loads(a[k.GEN_AI_INPUT_MESSAGES]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "weather?"}]}
+    ]
+    (message,) = json.loads(a[k.GEN_AI_OUTPUT_MESSAGES])
+    assert message["finish_reason"] == "tool_use"
+    assert message["parts"][0]["type"] == "tool_call"
+    assert message["parts"][0]["name"] == "get_weather"
+    assert json.loads(a[k.GEN_AI_TOOL_DEFINITIONS])[0]["name"] == "get_weather"
+    # Anthropic's input_tokens exclude cached tokens; the convention's include them
+    assert a[k.GEN_AI_USAGE_INPUT_TOKENS] == 10 + 3 + 2
+    assert a[k.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == 3
+    assert a[k.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS] == 2
+    # a stream is described by the message it delivered
+    s = dict(stream_span.attributes)
+    assert s[k.STREAM] is True
+    assert s[k.GEN_AI_RESPONSE_FINISH_REASONS] == ("end_turn",)
+    assert s[k.GEN_AI_USAGE_OUTPUT_TOKENS] == 5
+    (streamed,) = json.loads(s[k.GEN_AI_OUTPUT_MESSAGES])
+    assert streamed["parts"] == [{"type": "text", "content": "You said: hello "}]
+
+
+def test_content_attributes_are_built_from_the_redacted_payloads(
+    recording: Recording, llm: FakeLLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(k.ENV_CAPTURE_MESSAGE_CONTENT, "true")
+    secret = "sk-proj-" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6"
+    client = openai.OpenAI(base_url=llm.openai_url, api_key="sk-test")
+    with record(tmp_path / "s.sftrace"):
+        client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": f"my key is {secret}"}]
+        )
+    (span,) = boundary_spans(recording)
+    for value in span.attributes.values():
+        assert secret not in str(value)
+    assert "[REDACTED" in span.attributes[k.GEN_AI_INPUT_MESSAGES]
+
+
+def test_an_error_status_is_a_failed_span_with_error_type(
+    recording: Recording, llm: FakeLLM, tmp_path: Path
+) -> None:
+    client = openai.OpenAI(base_url=llm.openai_url, api_key="sk-test", max_retries=0)
+    with record(tmp_path / "e.sftrace"), pytest.raises(openai.RateLimitError):
+        client.chat.completions.create(
+            model="rate-limited", messages=[{"role": "user", "content": "x"}]
+        )
+    (span,) = boundary_spans(recording)
+    assert span.attributes[k.ERROR_TYPE_SEMCONV] == "429"
+    assert span.status.is_ok is False
+
+
+@pytest.mark.parametrize("instrumentation", ["openai-v2", "openinference"])
+def test_beside_another_genai_instrumentation_usage_is_counted_once_and_replay_holds(
+    instrumentation: str, recording: Recording, llm: FakeLLM, tmp_path: Path
+) -> None:
+    if instrumentation == "openai-v2":
+        module = pytest.importorskip("opentelemetry.instrumentation.openai_v2")
+    else:
+        module = pytest.importorskip("openinference.instrumentation.openai")
+    other = module.OpenAIInstrumentor()
+    other.instrument(tracer_provider=recording.provider)
+    try:
+        client = openai.OpenAI(base_url=llm.openai_url, api_key="sk-test")
+        with record(tmp_path / "both.sftrace"):
+            live = client.chat.completions.create(
+                model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
+            )
+        spans = recording.exporter.get_finished_spans()
+        (ours,) = boundary_spans(recording)
+        parent = next(s for s in spans if s.context.span_id == ours.parent.span_id)
+        assert k.KIND not in (parent.attributes or {})  # the other instrumentation's span
+        usage_keys = (k.GEN_AI_USAGE_INPUT_TOKENS, "llm.token_count.prompt")
+        counted = sum(
+            int(s.attributes.get(key, 0)) for s in spans if s.attributes for key in usage_keys
+        )
+        assert counted == live.usage.prompt_tokens  # once, on the other instrumentation's span
+
+        requests = len(llm.requests)
+        with ReplaySession.from_trace(Trace.load(tmp_path / "both.sftrace")) as replay:
+            again = client.chat.completions.create(
+                model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
+            )
+            replay.verify_complete()
+        assert again.model_dump() == live.model_dump()
+        assert len(llm.requests) == requests
+    finally:
+        other.uninstrument()
+
+
+def test_instrumenting_is_idempotent_and_undone(llm: FakeLLM) -> None:
+    base = pytest.importorskip("openai._base_client")
+    patched = base.SyncAPIClient.request
+    stepfork_otel.instrument_openai()
+    assert base.SyncAPIClient.request is patched
+    stepfork_otel.uninstrument_openai()
+    assert not hasattr(base.SyncAPIClient.request, "__stepfork_original__")
+    stepfork_otel.instrument_openai()
+
+
+def test_one_client_only(recording: Recording, llm: FakeLLM, tmp_path: Path) -> None:
+    stepfork_otel.uninstrument_openai()
+    mine = openai.OpenAI(base_url=llm.openai_url, api_key="sk-test")
+    other = openai.OpenAI(base_url=llm.openai_url, api_key="sk-test")
+    stepfork_otel.instrument_openai(mine)
+    with record(tmp_path / "one.sftrace"):
+        mine.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "a"}])
+        other.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "b"}])
+    assert len(boundary_spans(recording)) == 1
+    stepfork_otel.uninstrument_openai(mine)
+    with pytest.raises(TypeError, match="expects a openai client"):
+        stepfork_otel.instrument_openai(object())
+
+
+def test_a_legacy_httpx_client_is_covered_too(
+    recording: Recording, llm: FakeLLM, tmp_path: Path
+) -> None:
+    httpx = pytest.importorskip("httpx")
+    client = openai.OpenAI(base_url=llm.openai_url, api_key="sk-test", http_client=httpx.Client())
+    with record(tmp_path / "legacy.sftrace"):
+        live = client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "old"}], stream=True
+        )
+        chunks = [c.model_dump() for c in live]
+    requests = len(llm.requests)
+    with ReplaySession.from_trace(tmp_path / "legacy.sftrace") as replay:
+        again = client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "old"}], stream=True
+        )
+        assert [c.model_dump() for c in again] == chunks
+        replay.verify_complete()
+    assert len(llm.requests) == requests
