@@ -353,7 +353,8 @@ def _with_own(root: type, name: str) -> list[type]:
     """``root`` and every subclass that defines ``name`` itself: another instrumentation
     (openinference wraps ``OpenAI.request``) puts its own wrapper on the subclass, which
     would otherwise hide the base class's method from this one."""
-    found, todo = [root], list(root.__subclasses__())
+    found: list[type] = [root]
+    todo: list[type] = list(root.__subclasses__())
     while todo:
         cls = todo.pop()
         todo.extend(cls.__subclasses__())
