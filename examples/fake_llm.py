@@ -79,6 +79,7 @@ class FakeLLM:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body go out as written, no 40 ms wait
 
             def log_message(self, *args: Any) -> None:
                 return

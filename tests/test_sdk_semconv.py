@@ -229,3 +229,26 @@ def test_a_legacy_httpx_client_is_covered_too(
         assert [c.model_dump() for c in again] == chunks
         replay.verify_complete()
     assert len(llm.requests) == requests
+
+
+def test_beside_the_anthropic_sdk_own_spans_usage_is_counted_once(
+    recording: Recording, llm: FakeLLM, tmp_path: Path
+) -> None:
+    client = anthropic.Anthropic(
+        base_url=llm.anthropic_url,
+        api_key="sk-ant-test",
+        open_telemetry={"tracer_provider": recording.provider},
+    )
+    with record(tmp_path / "native.sftrace"):
+        live = client.messages.create(
+            model="claude-sonnet-4-5", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
+        )
+    spans = recording.exporter.get_finished_spans()
+    (ours,) = boundary_spans(recording)
+    sdk_span = next(s for s in spans if s.context.span_id == ours.parent.span_id)
+    assert sdk_span.instrumentation_scope.name == "com.anthropic.sdk.python"
+    counted = sum(
+        int(s.attributes.get(k.GEN_AI_USAGE_OUTPUT_TOKENS, 0)) for s in spans if s.attributes
+    )
+    assert counted == live.usage.output_tokens
+    assert k.GEN_AI_USAGE_OUTPUT_TOKENS not in ours.attributes
