@@ -78,7 +78,11 @@ def test_message_content_in_the_spec_shape_when_capture_is_on(
     recording: Recording, llm: FakeLLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(k.ENV_CAPTURE_MESSAGE_CONTENT, "true")
-    client = anthropic.Anthropic(base_url=llm.anthropic_url, api_key="sk-ant-test")
+    client = anthropic.Anthropic(  # its own spans off: they would report the usage instead
+        base_url=llm.anthropic_url,
+        api_key="sk-ant-test",
+        open_telemetry={"traces": {"enabled": False}},
+    )
     tools = [{"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}]
     with record(tmp_path / "m.sftrace"):
         client.messages.create(
@@ -252,3 +256,31 @@ def test_beside_the_anthropic_sdk_own_spans_usage_is_counted_once(
     )
     assert counted == live.usage.output_tokens
     assert k.GEN_AI_USAGE_OUTPUT_TOKENS not in ours.attributes
+
+
+def test_a_retried_call_replays_attempt_by_attempt_without_sleeping(
+    recording: Recording, llm: FakeLLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = pytest.importorskip("openai._base_client")
+    slept: list[float] = []
+    monkeypatch.setattr(base.time, "sleep", slept.append)  # the SDK's retry wait
+    client = openai.OpenAI(base_url=llm.openai_url, api_key="sk-test", max_retries=2)
+    with record(tmp_path / "retry.sftrace"):
+        live = client.chat.completions.create(
+            model="flaky", messages=[{"role": "user", "content": "x"}]
+        )
+    assert len(slept) == 1  # recording: a 429, the SDK's wait, then the answer
+    trace = Trace.load(tmp_path / "retry.sftrace")
+    statuses = [
+        json.loads(e.output or "")["status"] for e in trace.events if e.type == "llm_response"
+    ]
+    assert statuses == [429, 200]
+
+    slept.clear()
+    with ReplaySession.from_trace(trace) as replay:
+        again = client.chat.completions.create(
+            model="flaky", messages=[{"role": "user", "content": "x"}]
+        )
+        replay.verify_complete()
+    assert again.model_dump() == live.model_dump()
+    assert slept == []  # both attempts replayed, no waiting
