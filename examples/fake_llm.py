@@ -9,7 +9,7 @@ Its answers are deterministic: given tools and no tool result yet, it calls the 
 arguments made from the tool's JSON schema (``"Paris"`` for a string, ``2`` for a number); given a
 tool result, it answers with it; otherwise it echoes the last user text. Some model names
 script failures: ``rate-limited`` (always 429), ``flaky`` (the first request 429, then fine),
-``server-error`` (500), ``quirky`` (an OpenAI-compatible server's looser body: a null
+``server-error`` (500), ``slow`` (answers after 1 s), ``quirky`` (an OpenAI-compatible server's looser body: a null
 ``finish_reason``, no ``object``, a float ``created``).
 
 Bound to 127.0.0.1 on a free port; ``requests`` counts what it served.
@@ -21,6 +21,7 @@ import base64
 import json
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -102,7 +103,11 @@ class FakeLLM:
                     fake.requests.append({"path": self.path, "body": None, "headers": {}})
                 fake._send_json(self, 200, {"object": "list", "data": [{"id": "gpt-fake"}]})
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                return  # a client that gave up (a timeout test) is not the server's problem
+
+        self._server = Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -200,6 +205,8 @@ class FakeLLM:
     def _answer(self, handler: BaseHTTPRequestHandler, path: str, body: dict[str, Any]) -> None:
         model = str(body.get("model", ""))
         anthropic = path.endswith("/messages")
+        if model == "slow":  # longer than any client timeout a test sets
+            time.sleep(1)
         if self._failure(handler, model, anthropic):
             return
         if path.endswith("/chat/completions"):

@@ -284,3 +284,42 @@ def test_a_retried_call_replays_attempt_by_attempt_without_sleeping(
         replay.verify_complete()
     assert again.model_dump() == live.model_dump()
     assert slept == []  # both attempts replayed, no waiting
+
+
+def test_a_timeout_replays_as_the_sdk_timeout_error(
+    recording: Recording, llm: FakeLLM, tmp_path: Path
+) -> None:
+    client = openai.OpenAI(base_url=llm.openai_url, api_key="sk-test", max_retries=0, timeout=0.3)
+    with record(tmp_path / "slow.sftrace"), pytest.raises(openai.APITimeoutError) as live:
+        client.chat.completions.create(model="slow", messages=[{"role": "user", "content": "x"}])
+    with (
+        ReplaySession.from_trace(tmp_path / "slow.sftrace"),
+        pytest.raises(openai.APITimeoutError) as replayed,
+    ):
+        client.chat.completions.create(model="slow", messages=[{"role": "user", "content": "x"}])
+    assert str(replayed.value) == str(live.value)
+    assert type(replayed.value.__cause__) is type(live.value.__cause__)
+
+
+def test_a_changed_request_is_a_replay_mismatch_not_an_sdk_error(
+    recording: Recording, llm: FakeLLM, tmp_path: Path
+) -> None:
+    from stepfork_otel import ReplayMismatchError
+
+    client = anthropic.Anthropic(base_url=llm.anthropic_url, api_key="sk-ant-test", max_retries=3)
+    with record(tmp_path / "a.sftrace"):
+        client.messages.create(
+            model="claude-sonnet-4-5", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
+        )
+    requests = len(llm.requests)
+    with (
+        ReplaySession.from_trace(tmp_path / "a.sftrace") as replay,
+        pytest.raises(ReplayMismatchError) as caught,
+    ):
+        client.messages.create(
+            model="claude-sonnet-4-5", max_tokens=20, messages=[{"role": "user", "content": "hi"}]
+        )
+    assert "at call 1 of this run" in str(caught.value)
+    assert "max_tokens" in str(caught.value)
+    assert len(replay.calls) == 1  # no SDK retry of the refused call
+    assert len(llm.requests) == requests
