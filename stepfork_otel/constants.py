@@ -114,6 +114,8 @@ ERROR_TYPE_SEMCONV: Final = "error.type"
 #: Environment variable (shared with the OTel GenAI instrumentations) that turns on message
 #: content in the ``gen_ai.*.messages`` attributes.
 ENV_CAPTURE_MESSAGE_CONTENT: Final = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+#: Environment variable of the pytest plugin's record mode (``none``, ``once``, ``all``).
+ENV_RECORD_MODE: Final = "STEPFORK_RECORD_MODE"
 
 #: ``gen_ai.operation.name`` values.
 OP_EXECUTE_TOOL: Final = "execute_tool"

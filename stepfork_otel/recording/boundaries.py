@@ -696,12 +696,14 @@ def prepare_integration_call(
     describe: Callable[[str, str], dict[str, Any]] | None = None,
     rebuild_error: Callable[[str, str], BaseException | None] | None = None,
     attributes: dict[str, Any] | None = None,
+    input_hint: str | None = None,
 ) -> _Prepared | None:
     """An SDK integration's LLM call (see ``recording/integrations``): the same preparation as
     ``llm_request``, with the integration's hooks; run it with :data:`run_sync` & co."""
     prepared = _prepare_llm_call(provider, model, operation, request, ReplayPolicy.REPLAYABLE, None)
     if prepared is not None:
         prepared.view, prepared.describe, prepared.rebuild_error = view, describe, rebuild_error
+        prepared.call.input_hint = input_hint
         if span_name is not None:
             prepared.span_name = span_name
         if attributes:

@@ -56,6 +56,9 @@ class BoundaryCall:
     model_fingerprint: str | None = None
     output_type: Any = None
     """Type to rebuild a substituted value into (a tool's return annotation, ``response_type``)."""
+    input_hint: str | None = None
+    """What the input is, said when it differs from the recording (an SDK integration: the
+    request as sent); None: the boundary's usual wording."""
 
 
 @dataclass(slots=True, eq=False)

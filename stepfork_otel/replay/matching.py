@@ -165,11 +165,12 @@ def redacted_input(call: BoundaryCall, expected: RecordedCall, ctx: MatchContext
         )
     if ctx.drift_allowed or _same_input(call, expected):
         return None
-    hint = (
-        " (arguments are normalised with their defaults: a changed default counts)"
-        if call.kind == "tool"
-        else " (the prompt payload passed to llm_request is part of the input)"
-    )
+    if call.input_hint is not None:
+        hint = f" ({call.input_hint})"
+    elif call.kind == "tool":
+        hint = " (arguments are normalised with their defaults: a changed default counts)"
+    else:
+        hint = " (the prompt payload passed to llm_request is part of the input)"
     details = () if event.input is None else tuple(first_difference(event.input, call.input.text))
     return Miss("input differs from the recording" + hint, details)
 

@@ -54,6 +54,12 @@ Describe = Callable[[str, str, bool], dict[str, Any]]
 """``(redacted input text, redacted output text, usage counted elsewhere) -> span attributes``."""
 
 
+INPUT_HINT = (
+    "the input is the request the SDK sent: every parameter counts, and an id or a timestamp "
+    "that the agent or its framework puts in the request must be the same as when recorded"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Provider:
     """One SDK: how its requests become boundary calls."""
@@ -188,6 +194,7 @@ def _prepare(call: _SdkCall, http: Http, request: Any) -> Any:
             operation,
             recorded,
             span_name=f"{operation} {model}" if model else operation,
+            input_hint=INPUT_HINT,
             view=exchange.response_record,
             describe=lambda i, o: provider.describe(i, o, elsewhere),
             rebuild_error=lambda error_type, message: http.transport_error(
