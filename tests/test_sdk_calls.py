@@ -1,7 +1,8 @@
-"""What instrumented SDK calls put on their spans: GenAI semantic conventions (request parameters,
-response id/model/finish reasons, usage with cache tokens and Anthropic's input-token rule,
-``error.type``), message content only when ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``
-says so -- and, beside the OTel GenAI instrumentations, token usage counted once."""
+"""Instrumented SDK calls in one process, against the loopback fake API: what goes on their spans
+(GenAI semantic conventions; message content only when ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_
+CONTENT`` says so, built from redacted payloads), usage counted once beside other GenAI
+instrumentation, retries and timeouts, per-client instrumentation, legacy ``httpx`` clients, and a
+stepfork failure that leaves the SDK call alone."""
 
 from __future__ import annotations
 
@@ -323,3 +324,52 @@ def test_a_changed_request_is_a_replay_mismatch_not_an_sdk_error(
     assert "max_tokens" in str(caught.value)
     assert len(replay.calls) == 1  # no SDK retry of the refused call
     assert len(llm.requests) == requests
+
+
+async def test_a_legacy_httpx_async_client_is_covered_too(
+    recording: Recording, llm: FakeLLM, tmp_path: Path
+) -> None:
+    httpx = pytest.importorskip("httpx")
+    client = openai.AsyncOpenAI(
+        base_url=llm.openai_url, api_key="sk-test", http_client=httpx.AsyncClient()
+    )
+    with record(tmp_path / "legacy-async.sftrace"):
+        stream = await client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "old async"}], stream=True
+        )
+        chunks = [c.model_dump() async for c in stream]
+    requests = len(llm.requests)
+    with ReplaySession.from_trace(tmp_path / "legacy-async.sftrace") as replay:
+        again = await client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "old async"}], stream=True
+        )
+        assert [c.model_dump() async for c in again] == chunks
+        replay.verify_complete()
+    await client.close()
+    assert len(llm.requests) == requests
+
+
+def test_a_failure_inside_stepfork_never_breaks_the_sdk_call(
+    recording: Recording,
+    llm: FakeLLM,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import stepfork_otel._internal as internal
+    from stepfork_otel.recording.integrations import exchange
+
+    monkeypatch.setattr(internal, "RAISE_INTERNAL_ERRORS", False)
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("stepfork bug")
+
+    monkeypatch.setattr(exchange, "request_input", broken)
+    client = openai.OpenAI(base_url=llm.openai_url, api_key="sk-test")
+    with record(tmp_path / "bug.sftrace"):
+        reply = client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "still works"}]
+        )
+    assert reply.choices[0].message.content == "You said: still works"
+    assert "preparing an SDK call" in caplog.text
+    assert boundary_spans(recording) == []  # not recorded, and said so
