@@ -9,11 +9,9 @@ a frozen replay because tools are served from the recording).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from stepfork_otel import trace_tool
@@ -121,28 +119,8 @@ SCENARIOS: dict[str, Callable[[str], Any]] = {
 }
 
 
-def main(argv: list[str]) -> int:
-    scenario, mode, bundle, out, url = argv
-    import stepfork_otel
-    from stepfork_otel import ReplaySession, record
+if __name__ == "__main__":
+    from agent_runner import main
 
     os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
-    stepfork_otel.instrument_openai()
-    stepfork_otel.instrument_anthropic()
-    run = SCENARIOS[scenario]
-    result: dict[str, Any] = {}
-    if mode == "record":
-        with record(bundle):
-            result["answer"] = run(url)
-    else:
-        with ReplaySession.from_trace(bundle) as session:
-            result["answer"] = run(url)
-            session.verify_complete()
-        result["actions"] = [[call.kind, call.action] for call in session.calls]
-    result["tool_ran"] = TOOL_RAN
-    Path(out).write_text(json.dumps(result, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], SCENARIOS, extra=lambda: TOOL_RAN))

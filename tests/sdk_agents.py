@@ -11,10 +11,8 @@ Run as ``python tests/sdk_agents.py SCENARIO record|replay BUNDLE OUT.json URL``
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -255,26 +253,7 @@ SCENARIOS: dict[str, Callable[[str], list[Any]]] = {
 }
 
 
-def main(argv: list[str]) -> int:
-    scenario, mode, bundle, out, url = argv
-    import stepfork_otel
-    from stepfork_otel import ReplaySession, record
-
-    stepfork_otel.instrument_openai()
-    stepfork_otel.instrument_anthropic()
-    run = SCENARIOS[scenario]
-    result: dict[str, Any] = {}
-    if mode == "record":
-        with record(bundle):
-            result["seen"] = run(url)
-    else:
-        with ReplaySession.from_trace(bundle) as session:
-            result["seen"] = run(url)
-            session.verify_complete()
-        result["actions"] = [call.action for call in session.calls]
-    Path(out).write_text(json.dumps(result, indent=1))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from agent_runner import main
+
+    sys.exit(main(sys.argv[1:], SCENARIOS))

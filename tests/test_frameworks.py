@@ -5,34 +5,15 @@ framework-specific code (tests/framework_agents.py)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from agent_runner import run_agent
 
 from examples.fake_llm import FakeLLM
 from stepfork_otel import Trace
 
 AGENTS = Path(__file__).with_name("framework_agents.py")
-
-
-def run(scenario: str, mode: str, bundle: Path, url: str) -> dict[str, Any]:
-    out = bundle.with_suffix(f".{mode}.json")
-    env = dict(os.environ, PYTHONPATH=str(AGENTS.parent.parent), OPENAI_AGENTS_DISABLE_TRACING="1")
-    done = subprocess.run(
-        [sys.executable, str(AGENTS), scenario, mode, str(bundle), str(out), url],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, Any] = json.loads(out.read_text())
-    return result
 
 
 @pytest.mark.parametrize(
@@ -53,14 +34,14 @@ def test_a_framework_agent_replays_frozen_offline_with_no_framework_code(
     bundle = tmp_path / f"{scenario}.sftrace"
     with FakeLLM() as llm:
         url = llm.anthropic_url if "anthropic" in scenario else llm.openai_url
-        recorded = run(scenario, "record", bundle, url)
+        recorded = run_agent(AGENTS, scenario, "record", bundle, url)
         served = len(llm.requests)
-    assert recorded["tool_ran"] == ["Paris"] * tool_calls
-    replayed = run(scenario, "replay", bundle, url)  # the server is stopped
-    assert replayed["answer"] == recorded["answer"]
-    assert replayed["tool_ran"] == []  # the tool was served from the recording too
-    kinds = [kind for kind, _ in replayed["actions"]]
+    assert recorded["extra"] == ["Paris"] * tool_calls  # the tool ran
+    replayed = run_agent(AGENTS, scenario, "replay", bundle, url)  # the server is stopped
+    assert replayed["result"] == recorded["result"]
+    assert replayed["extra"] == []  # the tool was served from the recording too
+    kinds = [kind for kind, _ in replayed["calls"]]
     assert kinds.count("llm") == served
     assert kinds.count("tool") == tool_calls
-    assert {action for _, action in replayed["actions"]} == {"substituted"}
+    assert {action for _, action in replayed["calls"]} == {"substituted"}
     assert Trace.load(bundle).complete

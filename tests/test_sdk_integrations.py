@@ -6,13 +6,11 @@ same exception classes, and replay must serve every call (no request reaches any
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_runner import run_agent
 
 from examples.fake_llm import FakeLLM
 from stepfork_otel import Trace
@@ -21,22 +19,6 @@ pytest.importorskip("openai")
 pytest.importorskip("anthropic")
 
 AGENTS = Path(__file__).with_name("sdk_agents.py")
-
-
-def run_agent(scenario: str, mode: str, bundle: Path, url: str, tmp_path: Path) -> dict[str, Any]:
-    out = tmp_path / f"{scenario}.{mode}.json"
-    env = dict(os.environ, PYTHONPATH=str(AGENTS.parent.parent))
-    env.pop("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", None)
-    done = subprocess.run(
-        [sys.executable, str(AGENTS), scenario, mode, str(bundle), str(out), url],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, Any] = json.loads(out.read_text())
-    return result
 
 
 Run = tuple[dict[str, Any], dict[str, Any], Trace, int, Path]
@@ -54,9 +36,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
             bundle = tmp_path / f"{scenario}.sftrace"
             with FakeLLM() as llm:
                 url = llm.openai_url if kind == "openai" else llm.anthropic_url
-                recorded = run_agent(scenario, "record", bundle, url, tmp_path)
+                recorded = run_agent(AGENTS, scenario, "record", bundle, url)
                 served = len(llm.requests)
-            replayed = run_agent(scenario, "replay", bundle, url, tmp_path)  # the server is gone
+            replayed = run_agent(AGENTS, scenario, "replay", bundle, url)  # the server is gone
             _runs[scenario] = (recorded, replayed, Trace.load(bundle), served, bundle)
         return _runs[scenario]
 
@@ -76,16 +58,16 @@ def test_an_sdk_agent_replays_offline_seeing_exactly_what_it_saw_live(
     scenario: str, kind: str, runs: Any
 ) -> None:
     recorded, replayed, trace, served, _ = runs(scenario, kind)
-    assert replayed["seen"] == recorded["seen"]
+    assert replayed["result"] == recorded["result"]
     calls = [e for e in trace.events if e.type == "llm_request"]
     assert len(calls) == served  # one recorded call per HTTP attempt, retries included
-    assert replayed["actions"] == ["substituted"] * served
+    assert replayed["calls"] == [["llm", "substituted"]] * served
     assert trace.complete
 
 
 def test_the_openai_agent_saw_the_sdk_own_types_streams_and_errors(runs: Any) -> None:
     _, replayed, trace, _, bundle = runs("openai_sync", "openai")
-    seen = replayed["seen"]
+    seen = replayed["result"]
     assert seen[0][0] == "openai.types.chat.chat_completion.ChatCompletion"
     assert seen[1][0] == "Stream"
     assert [c[0] for c in seen[1][1]] == [
@@ -123,9 +105,9 @@ def test_a_stream_closed_early_is_recorded_as_read_so_far(runs: Any) -> None:
 
 def test_a_connection_failure_replays_as_the_sdk_connection_error(runs: Any) -> None:
     recorded, replayed, trace, _, _ = runs("openai_timeout", "openai")
-    assert recorded["seen"] == replayed["seen"]
-    assert replayed["seen"][0][0] == "APIConnectionError"
-    assert replayed["seen"][0][2] == "ConnectError"
+    assert recorded["result"] == replayed["result"]
+    assert replayed["result"][0][0] == "APIConnectionError"
+    assert replayed["result"][0][2] == "ConnectError"
     errors = [e for e in trace.events if e.type == "error"]
     assert len(errors) == 2  # the first attempt and its retry
     library, name = errors[0].error_type.rsplit(".", 1)
