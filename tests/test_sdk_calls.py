@@ -373,3 +373,22 @@ def test_a_failure_inside_stepfork_never_breaks_the_sdk_call(
     assert reply.choices[0].message.content == "You said: still works"
     assert "preparing an SDK call" in caplog.text
     assert boundary_spans(recording) == []  # not recorded, and said so
+
+
+def test_an_azure_deployment_url_is_a_chat_call(
+    recording: Recording, llm: FakeLLM, tmp_path: Path
+) -> None:
+    client = openai.AzureOpenAI(
+        azure_endpoint=f"http://127.0.0.1:{llm.port}",
+        api_key="azure-test-key",
+        api_version="2024-10-21",
+    )
+    with record(tmp_path / "azure.sftrace"):
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    (span,) = boundary_spans(recording)
+    assert span.name == "chat gpt-4o"
+    trace = Trace.load(tmp_path / "azure.sftrace")
+    (request,) = [json.loads(e.input or "") for e in trace.events if e.type == "llm_request"]
+    assert request["url"] == "deployments/gpt-4o/chat/completions"
+    assert request["query"] == {"api-version": ["2024-10-21"]}
+    assert "azure-test-key" not in (tmp_path / "azure.sftrace").read_text()

@@ -16,9 +16,10 @@ _OPERATIONS = (
 
 
 def _operation(method: str, url: str) -> str:
+    """Azure puts the deployment first (``deployments/{name}/chat/completions``)."""
     if method == "POST":
         for path, operation in _OPERATIONS:
-            if url == path:
+            if url == path or url.endswith("/" + path):
                 return operation
     return f"{method} {url}"
 
