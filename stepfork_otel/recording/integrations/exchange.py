@@ -30,6 +30,7 @@ is served as a 429, and the SDK raises its own ``RateLimitError`` from it.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -290,6 +291,40 @@ def body_bytes(record: dict[str, Any]) -> bytes:
     return raw if isinstance(raw, bytes) else b""
 
 
+@functools.cache
+def _event_streams(module: ModuleType) -> tuple[type, type]:
+    """Byte streams (sync, async) of the HTTP library ``module`` that serialise events as they
+    are read: its responses accept only its own stream classes."""
+
+    class Events(module.SyncByteStream):  # type: ignore[name-defined,misc]
+        def __init__(self, events: Iterator[Any]) -> None:
+            self._events = events
+
+        def __iter__(self) -> Iterator[bytes]:
+            for event in self._events:
+                yield event_bytes(event)
+
+        def close(self) -> None:
+            closer = getattr(self._events, "close", None)
+            if closer is not None:
+                closer()
+
+    class AsyncEvents(module.AsyncByteStream):  # type: ignore[name-defined,misc]
+        def __init__(self, events: AsyncIterator[Any]) -> None:
+            self._events = events
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            async for event in self._events:
+                yield event_bytes(event)
+
+        async def aclose(self) -> None:
+            closer = getattr(self._events, "aclose", None)
+            if closer is not None:
+                await closer()
+
+    return Events, AsyncEvents
+
+
 @dataclass(frozen=True, slots=True)
 class Http:
     """The HTTP library a client sends with (``httpx2``, or ``httpx`` for older SDKs)."""
@@ -307,34 +342,12 @@ class Http:
 
     def streamed(self, request: Any, status: int, headers: Any, events: Iterator[Any]) -> Any:
         """A response whose body is ``events``, re-serialised as they are read."""
-        module = self.module
-
-        class Events(module.SyncByteStream):  # type: ignore[name-defined,misc]
-            def __iter__(self) -> Iterator[bytes]:
-                for event in events:
-                    yield event_bytes(event)
-
-            def close(self) -> None:
-                closer = getattr(events, "close", None)
-                if closer is not None:
-                    closer()
-
-        return module.Response(status, headers=headers, stream=Events(), request=request)
+        stream = _event_streams(self.module)[0](events)
+        return self.module.Response(status, headers=headers, stream=stream, request=request)
 
     def astreamed(self, request: Any, status: int, headers: Any, events: AsyncIterator[Any]) -> Any:
-        module = self.module
-
-        class Events(module.AsyncByteStream):  # type: ignore[name-defined,misc]
-            async def __aiter__(self) -> AsyncIterator[bytes]:
-                async for event in events:
-                    yield event_bytes(event)
-
-            async def aclose(self) -> None:
-                closer = getattr(events, "aclose", None)
-                if closer is not None:
-                    await closer()
-
-        return module.Response(status, headers=headers, stream=Events(), request=request)
+        stream = _event_streams(self.module)[1](events)
+        return self.module.Response(status, headers=headers, stream=stream, request=request)
 
     def transport_error(self, error_type: str, message: str, request: Any) -> BaseException | None:
         """The HTTP library's own exception for a recorded transport failure, or None."""
