@@ -686,3 +686,41 @@ def test_a_recorded_output_that_is_not_json_is_a_typed_missing_result(
     ):
         lookup("paris")
     assert len(replay.errors) == 1
+
+
+def test_a_replay_no_span_encloses_is_one_trace_under_its_own_root(
+    recording: Recording, tmp_path: Path
+) -> None:
+    from opentelemetry import trace as trace_api
+
+    from stepfork_otel import constants as k
+
+    @trace_tool
+    def lookup(n: int) -> int:
+        return n * 2
+
+    with record(tmp_path / "r.sftrace", name="refunds"):
+        lookup(1)
+        lookup(2)
+    recording.exporter.clear()
+    with ReplaySession.from_trace(tmp_path / "r.sftrace") as replay:
+        lookup(1)
+        lookup(2)
+        replay.verify_complete()
+    spans = recording.exporter.get_finished_spans()
+    (root,) = [s for s in spans if s.parent is None]
+    assert root.name == "replay refunds"
+    assert root.attributes[k.REPLAY_MODE] == "frozen"
+    assert {s.context.trace_id for s in spans} == {root.context.trace_id}
+    assert len(spans) == 3
+
+    recording.exporter.clear()
+    tracer = trace_api.get_tracer("user", tracer_provider=recording.provider)
+    with (
+        tracer.start_as_current_span("my request"),
+        ReplaySession.from_trace(tmp_path / "r.sftrace"),
+    ):
+        lookup(1)
+        lookup(2)
+    names = sorted(s.name for s in recording.exporter.get_finished_spans())
+    assert names == ["execute_tool lookup", "execute_tool lookup", "my request"]  # no extra root

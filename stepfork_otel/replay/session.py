@@ -40,6 +40,12 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
+from opentelemetry import context as context_api
+from opentelemetry import trace as trace_api
+from opentelemetry.trace import Span, Status, StatusCode
+
+from stepfork_otel import constants as k
+from stepfork_otel._internal import handle_internal_errors
 from stepfork_otel.config import CONFIG
 from stepfork_otel.constants import ACTION_EXECUTED, ACTION_REJECTED, ACTION_SUBSTITUTED
 from stepfork_otel.recording.contract import BoundaryCall, ReplayDecision, Replayer, current_session
@@ -82,6 +88,35 @@ def _checked_plan(trace: Trace, source: str | None, structure_checked: bool) -> 
     if problems:
         raise BundleIntegrityError(source, [str(p) for p in problems])
     return build_plan(trace)
+
+
+def _open_root_span(session: ReplaySession) -> tuple[Span, object] | None:
+    """A replay that no span encloses gets a root span of its own, ``replay <run name>``, so
+    the replayed run is one trace (next to its original in a tracing UI) rather than a trace
+    per call. Inside the user's span (or a ``record(...)``), the calls join that trace."""
+    if trace_api.get_current_span().get_span_context().is_valid:
+        return None
+    with handle_internal_errors("opening the replay's root span"):
+        name = session.trace.run.name or "agent"
+        span = CONFIG.tracer().start_span(
+            f"replay {name}",
+            attributes={
+                k.REPLAY_MODE: session.mode.value,
+                k.RUN_NAME: name,
+                k.OPENINFERENCE_SPAN_KIND: k.OI_KIND_AGENT,
+            },
+        )
+        return span, context_api.attach(trace_api.set_span_in_context(span))
+    return None
+
+
+def _close_root_span(root: tuple[Span, object], exc: BaseException | None) -> None:
+    span, token = root
+    with handle_internal_errors("closing the replay's root span"):
+        context_api.detach(token)  # type: ignore[arg-type]
+        if exc is not None:
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        span.end()
 
 
 @dataclass(slots=True, eq=False)
@@ -180,6 +215,7 @@ class ReplaySession:
         self._last_live: LiveLlm | None = None
         self._state: Literal["new", "active", "closed"] = "new"
         self._token: Token[Replayer | None] | None = None
+        self._root: tuple[Span, object] | None = None
 
     @classmethod
     def from_trace(
@@ -230,6 +266,7 @@ class ReplaySession:
         self._network_token = self._network.activate()  # first: if it fails, nothing is active
         self._state = "active"
         self._token = current_session.set(self)
+        self._root = _open_root_span(self)
         return self
 
     def __exit__(
@@ -242,6 +279,9 @@ class ReplaySession:
         # the agent is never replaced by a completeness error.
         with self._lock:
             self._state = "closed"
+        if self._root is not None:
+            _close_root_span(self._root, exc)
+            self._root = None
         if self._network_token is not None:
             self._network.deactivate(self._network_token)
             self._network_token = None
