@@ -42,7 +42,7 @@ from typing import Literal
 
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import Span, Status, StatusCode, set_span_in_context
 
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors
@@ -106,7 +106,11 @@ def _open_root_span(session: ReplaySession) -> tuple[Span, object] | None:
                 k.OPENINFERENCE_SPAN_KIND: k.OI_KIND_AGENT,
             },
         )
-        return span, context_api.attach(trace_api.set_span_in_context(span))
+        try:
+            return span, context_api.attach(set_span_in_context(span))
+        except BaseException:
+            span.end()
+            raise
     return None
 
 
@@ -264,9 +268,14 @@ class ReplaySession:
                 "another ReplaySession is already active in this context; sessions do not nest"
             )
         self._network_token = self._network.activate()  # first: if it fails, nothing is active
+        try:
+            self._root = _open_root_span(self)
+        except BaseException:  # (tests raise stepfork's own errors): leave nothing active
+            self._network.deactivate(self._network_token)
+            self._network_token = None
+            raise
         self._state = "active"
         self._token = current_session.set(self)
-        self._root = _open_root_span(self)
         return self
 
     def __exit__(
@@ -279,15 +288,17 @@ class ReplaySession:
         # the agent is never replaced by a completeness error.
         with self._lock:
             self._state = "closed"
-        if self._root is not None:
-            _close_root_span(self._root, exc)
-            self._root = None
-        if self._network_token is not None:
-            self._network.deactivate(self._network_token)
-            self._network_token = None
-        if self._token is not None:
-            current_session.reset(self._token, self)
-            self._token = None
+        try:
+            if self._network_token is not None:
+                self._network.deactivate(self._network_token)
+                self._network_token = None
+            if self._token is not None:
+                current_session.reset(self._token, self)
+                self._token = None
+        finally:  # last, so that a failure to end it leaves no session active
+            root, self._root = self._root, None
+            if root is not None:
+                _close_root_span(root, exc)
 
     async def __aenter__(self) -> ReplaySession:
         return self.__enter__()
