@@ -1,0 +1,251 @@
+"""stepfork dropped into the OpenTelemetry set-ups users already have (``docs/otel-setups.md``).
+
+Each set-up is configured the way its own docs say, in a fresh subprocess (the global provider can
+be set once per process), with stepfork added the way our docs say. Every test checks the same
+two things: the run made inside the user's own span is a complete bundle that verifies (the user's
+span kept as context), and the user's exporter receives the stepfork spans in the user's trace.
+Exporters are aimed at the loopback OTLP receiver of the test suite; nothing leaves 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT
+from otlp_receiver import OtlpReceiver, running_receiver
+
+
+PRELUDE = """
+import json, logging, sys, warnings
+warnings.simplefilter("error")
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+import stepfork_otel._internal as internal
+internal.RAISE_INTERNAL_ERRORS = True
+from pathlib import Path
+from opentelemetry import trace
+from stepfork_otel import Trace, configure, llm_request, record, trace_tool
+from stepfork_otel.trace.checks import verify_integrity
+
+OUT = Path(sys.argv[1])
+SECRET = "sk-proj-" + "abcdefghijklmnopqrstuvwxyzABCDEF0123456789"
+
+@trace_tool
+def lookup(session_id: str, city: str) -> dict:
+    return {"city": city.upper(), "password": "hunter2"}
+
+def agent():
+    lookup("sess-42", "paris")
+    return llm_request(
+        provider="openai", model="gpt-4o",
+        input={"messages": [{"role": "user", "content": "my key is " + SECRET}]},
+        call=lambda: "Paris is sunny",
+    )
+
+def bundle_report(path):
+    bundle = Trace.load(path)
+    return dict(
+        trace_id=bundle.events[0].trace_id,
+        context=[c.name for c in bundle.context],
+        events=[e.type for e in bundle.events],
+        complete=bundle.complete,
+        integrity=[str(p) for p in verify_integrity(bundle)],
+        text=path.read_text(),
+    )
+
+def report(**values):
+    print(json.dumps(values))
+"""
+
+
+def run_setup(tmp_path: Path, body: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    script = tmp_path / "agent_setup.py"  # a file, not -c: logfire inspects its caller's source
+    script.write_text(PRELUDE + textwrap.dedent(body))
+    environment = {**os.environ, **(env or {})}
+    environment.pop("OTEL_SDK_DISABLED", None)
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    values: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    values["stderr"] = result.stderr
+    return values
+
+
+@pytest.fixture
+def receiver(tmp_path: Path) -> Iterator[OtlpReceiver]:
+    with running_receiver(tmp_path / "collector" / "traces.jsonl") as running:
+        yield running
+
+
+def received_spans(receiver: OtlpReceiver) -> list[dict[str, Any]]:
+    """Every span the receiver got, with its resource attributes (``resource``)."""
+    spans = []
+    for line in receiver.output.read_text().splitlines():
+        for resource_spans in json.loads(line)["resourceSpans"]:
+            resource = {
+                a["key"]: a["value"].get("stringValue")
+                for a in resource_spans.get("resource", {}).get("attributes", [])
+            }
+            for scope in resource_spans["scopeSpans"]:
+                for span in scope["spans"]:
+                    span["resource"] = resource
+                    span["attrs"] = {
+                        a["key"]: next(iter(a["value"].values()), None)
+                        for a in span.get("attributes", [])
+                    }
+                    spans.append(span)
+    return spans
+
+
+def check_bundle_and_export(
+    out: dict[str, Any], spans: list[dict[str, Any]], user_span: str
+) -> None:
+    """The bundle is complete and verifies, with the user's span as context; the exporter got the
+    stepfork spans in the user's trace, under the user's span; no secret left the process."""
+    bundle = out["bundle"]
+    assert bundle["context"] == [user_span]
+    assert bundle["events"] == ["tool_call", "tool_result", "llm_request", "llm_response"]
+    assert bundle["complete"] is True
+    assert bundle["integrity"] == []
+    by_name = {s["name"]: s for s in spans}
+    assert {"execute_tool lookup", "chat gpt-4o", user_span} <= set(by_name)
+    root = by_name[user_span]
+    for name in ("execute_tool lookup", "chat gpt-4o"):
+        assert by_name[name]["traceId"] == root["traceId"] == bundle["trace_id"]
+        assert by_name[name]["parentSpanId"] == root["spanId"]
+    wire = json.dumps(spans)
+    assert "abcdefghijklmnopqrstuvwxyzABCDEF0123456789" not in wire
+    assert "hunter2" not in wire
+    assert "abcdefghijklmnopqrstuvwxyzABCDEF0123456789" not in bundle["text"]
+
+
+# --- the plain OpenTelemetry SDK -----------------------------------------------------------------
+
+
+def test_plain_sdk_with_batch_exporter(tmp_path: Path, receiver: OtlpReceiver) -> None:
+    out = run_setup(
+        tmp_path,
+        """
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        provider = TracerProvider(resource=Resource.create({"service.name": "booking-agent"}))
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        trace.set_tracer_provider(provider)
+        configure(directory=OUT / "traces")
+
+        with trace.get_tracer("app").start_as_current_span("handle request"):
+            agent()
+        provider.shutdown()
+        (path,) = (OUT / "traces").glob("*.sftrace")
+        report(bundle=bundle_report(path))
+        """,
+        env={"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.http_endpoint},
+    )
+    spans = received_spans(receiver)
+    check_bundle_and_export(out, spans, "handle request")
+    assert {s["resource"]["service.name"] for s in spans} == {"booking-agent"}
+    assert "stepfork_otel" not in out["stderr"]  # no warning: attached to the user's provider
+
+
+# --- logfire --------------------------------------------------------------------------------------
+
+
+def test_logfire_provider_takes_the_bundle_processor(
+    tmp_path: Path, receiver: OtlpReceiver
+) -> None:
+    """logfire's ProxyTracerProvider is not an SDK TracerProvider subclass but has
+    ``add_span_processor``: stepfork attaches to it (no private provider, no warning)."""
+    out = run_setup(
+        tmp_path,
+        """
+        import logfire
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        memory = InMemorySpanExporter()
+        logfire.configure(
+            send_to_logfire=False, console=False,
+            additional_span_processors=[SimpleSpanProcessor(memory)],
+        )
+        configure(directory=OUT / "traces")
+
+        with logfire.span("handle request"):
+            agent()
+        logfire.force_flush()
+        (path,) = (OUT / "traces").glob("*.sftrace")
+        tool = next(s for s in memory.get_finished_spans() if s.name == "execute_tool lookup")
+        report(
+            provider=type(trace.get_tracer_provider()).__module__,
+            bundle=bundle_report(path),
+            memory=sorted(s.name for s in memory.get_finished_spans()),
+            tool_attributes={k: v for k, v in tool.attributes.items() if isinstance(v, str)},
+            bundle_tool_input=Trace.load(path).calls[0].input,
+        )
+        """,
+        # logfire's own documented way to send to another OTel backend: OTEL_EXPORTER_OTLP_*
+        env={"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.http_endpoint},
+    )
+    assert out["provider"].startswith("logfire.")
+    assert "private SDK provider" not in out["stderr"]
+    spans = received_spans(receiver)
+    check_bundle_and_export(out, spans, "handle request")
+    assert out["memory"] == ["chat gpt-4o", "execute_tool lookup", "handle request"]
+
+    # logfire's scrubbing still applies to stepfork's spans on their way out: the session id
+    # that stepfork's rules keep is scrubbed by logfire's (key pattern 'session') ...
+    attributes = out["tool_attributes"]
+    assert "[Scrubbed due to 'session']" in attributes["stepfork.input"]
+    assert "[Scrubbed due to 'session']" in attributes["input.value"]
+    assert "sess-42" not in json.dumps(spans)
+    assert "logfire.scrubbed" in attributes
+    # ... while the local bundle holds the payload as stepfork recorded and fingerprinted it.
+    assert out["bundle_tool_input"] == '{"city":"paris","session_id":"sess-42"}'
+
+
+def test_logfire_scrubbed_collector_copy_is_marked_not_kept_as_recorded(
+    tmp_path: Path, receiver: OtlpReceiver
+) -> None:
+    """A payload logfire rewrote no longer matches its fingerprint: the bundle rebuilt from the
+    collector's copy says the payload is missing (``truncated``) instead of keeping a changed
+    value under the recorded fingerprint; payloads logfire left alone are whole and verify."""
+    run_setup(
+        tmp_path,
+        """
+        import logfire
+        logfire.configure(send_to_logfire=False, console=False)
+        configure()
+        with logfire.span("handle request"):
+            agent()
+        logfire.force_flush()
+        report()
+        """,
+        env={"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.http_endpoint},
+    )
+    from stepfork_otel.trace.checks import verify_integrity
+    from stepfork_otel.trace.otlp import iter_traces_from_otlp_json
+
+    (bundle,) = list(iter_traces_from_otlp_json(receiver.output))
+    assert verify_integrity(bundle) == []
+    tool, llm = bundle.calls
+    assert tool.input is None
+    assert tool.input_missing == "truncated"  # {"session_id": ...} was rewritten by logfire
+    assert llm.input is None
+    assert llm.input_missing == "truncated"  # "[REDACTED:openai_api_key]" matches api_key
+    outputs = [bundle.outcome_of(call) for call in bundle.calls]
+    assert [o.output_missing for o in outputs if o is not None] == ["truncated", None]
