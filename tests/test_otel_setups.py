@@ -22,7 +22,6 @@ import pytest
 from conftest import ROOT
 from otlp_receiver import OtlpReceiver, running_receiver
 
-
 PRELUDE = """
 import json, logging, sys, warnings
 warnings.simplefilter("error")
@@ -65,13 +64,18 @@ def report(**values):
 """
 
 
-def run_setup(tmp_path: Path, body: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+def run_setup(
+    tmp_path: Path,
+    body: str,
+    env: dict[str, str] | None = None,
+    launcher: tuple[str, ...] = (sys.executable,),
+) -> dict[str, Any]:
     script = tmp_path / "agent_setup.py"  # a file, not -c: logfire inspects its caller's source
     script.write_text(PRELUDE + textwrap.dedent(body))
     environment = {**os.environ, **(env or {})}
     environment.pop("OTEL_SDK_DISABLED", None)
     result = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)],
+        [*launcher, str(script), str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -249,3 +253,110 @@ def test_logfire_scrubbed_collector_copy_is_marked_not_kept_as_recorded(
     assert llm.input_missing == "truncated"  # "[REDACTED:openai_api_key]" matches api_key
     outputs = [bundle.outcome_of(call) for call in bundle.calls]
     assert [o.output_missing for o in outputs if o is not None] == ["truncated", None]
+
+
+# --- zero-code: opentelemetry-instrument -----------------------------------------------------------
+
+ZERO_CODE_AGENT = """
+from opentelemetry import trace  # the agent's own span; no stepfork.configure(), no SDK set-up
+with trace.get_tracer("app").start_as_current_span("handle request"):
+    agent()
+(path,) = (OUT / "traces").glob("*.sftrace")
+report(provider=type(trace.get_tracer_provider()).__module__, bundle=bundle_report(path))
+"""
+
+
+def zero_code_env(receiver: OtlpReceiver, tmp_path: Path) -> dict[str, str]:
+    return {
+        "OTEL_SERVICE_NAME": "booking-agent",
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.http_endpoint,
+        "STEPFORK_DIRECTORY": str(tmp_path / "traces"),
+    }
+
+
+def instrument_launcher() -> tuple[str, ...]:
+    return (str(Path(sys.executable).with_name("opentelemetry-instrument")), sys.executable)
+
+
+def test_zero_code_opentelemetry_instrument_writes_bundles(
+    tmp_path: Path, receiver: OtlpReceiver
+) -> None:
+    out = run_setup(
+        tmp_path,
+        ZERO_CODE_AGENT,
+        env=zero_code_env(receiver, tmp_path),
+        launcher=instrument_launcher(),
+    )
+    assert out["provider"] == "opentelemetry.sdk.trace"  # the distro's configurator made it
+    spans = received_spans(receiver)  # exported at exit by the SDK's BatchSpanProcessor
+    check_bundle_and_export(out, spans, "handle request")
+    assert {s["resource"]["service.name"] for s in spans} == {"booking-agent"}
+
+
+def test_zero_code_without_the_variable_changes_nothing(
+    tmp_path: Path, receiver: OtlpReceiver
+) -> None:
+    env = zero_code_env(receiver, tmp_path)
+    del env["STEPFORK_DIRECTORY"]
+    out = run_setup(
+        tmp_path,
+        """
+        from opentelemetry import trace
+        with trace.get_tracer("app").start_as_current_span("handle request"):
+            agent()
+        report(bundles=list(map(str, OUT.rglob("*.sftrace"))))
+        """,
+        env=env,
+        launcher=instrument_launcher(),
+    )
+    assert out["bundles"] == []
+    assert "execute_tool lookup" in {s["name"] for s in received_spans(receiver)}
+
+
+def test_zero_code_bad_directory_never_breaks_the_program(
+    tmp_path: Path, receiver: OtlpReceiver
+) -> None:
+    """A directory that cannot be created: the failure is logged, the program runs, its spans
+    are still exported."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {**zero_code_env(receiver, tmp_path), "STEPFORK_DIRECTORY": str(blocker / "traces")}
+    out = run_setup(
+        tmp_path,
+        """
+        internal.RAISE_INTERNAL_ERRORS = False  # production behaviour: log, never raise
+        from opentelemetry import trace
+        with trace.get_tracer("app").start_as_current_span("handle request"):
+            result = agent()
+        report(result=result)
+        """,
+        env=env,
+        launcher=instrument_launcher(),
+    )
+    assert out["result"] == "Paris is sunny"
+    assert "internal error while writing the bundle" in out["stderr"]
+    assert "execute_tool lookup" in {s["name"] for s in received_spans(receiver)}
+
+
+def test_zero_code_hook_logs_its_own_failure(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import stepfork_otel._internal as internal
+    from stepfork_otel.otel import zero_code
+
+    def broken(**_: Any) -> None:
+        raise RuntimeError("deliberate")
+
+    monkeypatch.setattr(internal, "RAISE_INTERNAL_ERRORS", False)
+    monkeypatch.setattr(zero_code, "configure", broken)
+    monkeypatch.setenv("STEPFORK_DIRECTORY", "bundles")
+    assert zero_code.post_instrument() is None
+    assert "internal error while attaching stepfork under opentelemetry-instrument" in caplog.text
+    monkeypatch.setenv("STEPFORK_DIRECTORY", "  ")
+    caplog.clear()
+    zero_code.post_instrument()  # blank: nothing to do, configure not called
+    assert caplog.text == ""
