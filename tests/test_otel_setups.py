@@ -360,3 +360,67 @@ def test_zero_code_hook_logs_its_own_failure(
     caplog.clear()
     zero_code.post_instrument()  # blank: nothing to do, configure not called
     assert caplog.text == ""
+
+
+# --- Phoenix (arize-phoenix-otel) ----------------------------------------------------------------
+
+
+def test_phoenix_register(tmp_path: Path, receiver: OtlpReceiver) -> None:
+    out = run_setup(
+        tmp_path,
+        """
+        from phoenix.otel import register
+
+        tracer_provider = register(
+            endpoint=sys.argv[2], project_name="booking-agent", batch=True, verbose=False
+        )
+        configure(directory=OUT / "traces")
+
+        with trace.get_tracer("app").start_as_current_span("handle request"):
+            agent()
+        tracer_provider.shutdown()
+        (path,) = (OUT / "traces").glob("*.sftrace")
+        report(provider=type(tracer_provider).__module__, bundle=bundle_report(path))
+        """.replace("sys.argv[2]", repr(receiver.http_endpoint)),
+        env={"PHOENIX_COLLECTOR_ENDPOINT": receiver.http_endpoint},
+    )
+    assert out["provider"].startswith("phoenix.otel")
+    spans = received_spans(receiver)
+    check_bundle_and_export(out, spans, "handle request")
+    # the Phoenix project comes from the provider's resource, set by register(project_name=...)
+    assert {s["resource"]["openinference.project.name"] for s in spans} == {"booking-agent"}
+    kinds = {s["name"]: s["attrs"].get("openinference.span.kind") for s in spans}
+    assert kinds["execute_tool lookup"] == "TOOL"
+    assert kinds["chat gpt-4o"] == "LLM"
+
+
+# --- Langfuse (its OpenTelemetry-based SDK) -------------------------------------------------------
+
+
+def test_langfuse_client_provider(tmp_path: Path, receiver: OtlpReceiver) -> None:
+    """``Langfuse(...)`` installs a global SDK provider with its LangfuseSpanProcessor (an OTLP
+    exporter to ``{base_url}/api/public/otel/v1/traces``; here the export path is aimed at the
+    loopback receiver). Its default filter exports Langfuse spans and spans with ``gen_ai.*``
+    attributes: every stepfork span has them, so all reach Langfuse."""
+    out = run_setup(
+        tmp_path,
+        """
+        from langfuse import Langfuse
+
+        langfuse = Langfuse(
+            public_key="pk-lf-local", secret_key="sk-lf-local", base_url=sys.argv[2]
+        )
+        configure(directory=OUT / "traces")
+
+        with langfuse.start_as_current_observation(as_type="span", name="handle request"):
+            agent()
+        langfuse.flush()
+        langfuse.shutdown()
+        (path,) = (OUT / "traces").glob("*.sftrace")
+        report(provider=type(trace.get_tracer_provider()).__module__, bundle=bundle_report(path))
+        """.replace("sys.argv[2]", repr(f"http://127.0.0.1:{receiver.http_port}")),
+        env={"LANGFUSE_OTEL_TRACES_EXPORT_PATH": "/v1/traces", "LANGFUSE_TRACING_ENVIRONMENT": "test"},
+    )
+    assert out["provider"] == "opentelemetry.sdk.trace"
+    spans = received_spans(receiver)
+    check_bundle_and_export(out, spans, "handle request")

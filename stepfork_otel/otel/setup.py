@@ -6,7 +6,9 @@ Three situations, three behaviours:
   exporters, sampler, resource), or anything that wraps one and has ``add_span_processor`` --
   logfire's ``ProxyTracerProvider``, Phoenix's ``register()``, the provider that
   ``opentelemetry-instrument`` configures. stepfork adds a :class:`SftraceSpanProcessor` to it
-  and nothing else. Its exporters receive the stepfork spans too, in the application's traces.
+  and nothing else, beside the processors already there (Phoenix's provider replaces its own
+  exporter on ``add_span_processor`` unless passed ``replace_default_processor=False``: stepfork
+  passes it whenever the method takes it). Its exporters receive the stepfork spans too, in the application's traces.
   The test is by capability, not by class: logfire's provider is not an SDK ``TracerProvider``
   subclass, and checking the class left it on a private provider, with no stepfork span reaching
   logfire and no bundle for runs inside logfire's spans.
@@ -23,8 +25,10 @@ Three situations, three behaviours:
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
+from collections.abc import Collection
 from pathlib import Path
 
 from opentelemetry import trace as trace_api
@@ -46,10 +50,25 @@ def takes_span_processors(provider: object) -> bool:
     return callable(getattr(provider, "add_span_processor", None))
 
 
+def _add_processor(provider: object, processor: SftraceSpanProcessor) -> None:
+    """Add the bundle processor beside the provider's own processors, never instead of one."""
+    add = provider.add_span_processor  # type: ignore[attr-defined]
+    try:
+        keywords: Collection[str] = inspect.signature(add).parameters
+    except (TypeError, ValueError):  # a builtin or C method without a signature
+        keywords = ()
+    if "replace_default_processor" in keywords:
+        # phoenix.otel's provider drops its own exporter on the first add unless told not to:
+        # with the default, register(...) followed by configure() sent nothing to Phoenix.
+        add(processor, replace_default_processor=False)
+    else:
+        add(processor)
+
+
 def _attach(provider: trace_api.TracerProvider | None, processor: SftraceSpanProcessor) -> None:
     target = provider if provider is not None else trace_api.get_tracer_provider()
     if takes_span_processors(target):
-        target.add_span_processor(processor)  # type: ignore[attr-defined]
+        _add_processor(target, processor)
         CONFIG.use_tracer_provider(provider)
         return
     if provider is None and isinstance(target, trace_api.ProxyTracerProvider):
@@ -61,7 +80,7 @@ def _attach(provider: trace_api.TracerProvider | None, processor: SftraceSpanPro
             return
         target = trace_api.get_tracer_provider()  # another thread won the race: use theirs
         if takes_span_processors(target):
-            target.add_span_processor(processor)  # type: ignore[attr-defined]
+            _add_processor(target, processor)
             CONFIG.use_tracer_provider(None)
             return
     logger.warning(
