@@ -419,8 +419,45 @@ def test_langfuse_client_provider(tmp_path: Path, receiver: OtlpReceiver) -> Non
         (path,) = (OUT / "traces").glob("*.sftrace")
         report(provider=type(trace.get_tracer_provider()).__module__, bundle=bundle_report(path))
         """.replace("sys.argv[2]", repr(f"http://127.0.0.1:{receiver.http_port}")),
-        env={"LANGFUSE_OTEL_TRACES_EXPORT_PATH": "/v1/traces", "LANGFUSE_TRACING_ENVIRONMENT": "test"},
+        env={
+            "LANGFUSE_OTEL_TRACES_EXPORT_PATH": "/v1/traces",
+            "LANGFUSE_TRACING_ENVIRONMENT": "test",
+        },
     )
     assert out["provider"] == "opentelemetry.sdk.trace"
     spans = received_spans(receiver)
     check_bundle_and_export(out, spans, "handle request")
+
+
+# --- OpenLLMetry / Traceloop ----------------------------------------------------------------------
+
+
+def test_traceloop_init(tmp_path: Path, receiver: OtlpReceiver) -> None:
+    """Not a dev extra: traceloop-sdk does not resolve beside the OpenTelemetry the rest of the
+    suite uses (docs/otel-setups.md says why). Runs wherever it is installed."""
+    pytest.importorskip("traceloop.sdk", reason="traceloop-sdk is not installed (not a dev extra)")
+    out = run_setup(
+        tmp_path,
+        """
+        with warnings.catch_warnings():  # its pydantic models use the deprecated class Config
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from traceloop.sdk import Traceloop
+            from traceloop.sdk.decorators import workflow
+
+        Traceloop.init(
+            app_name="booking-agent", api_endpoint=sys.argv[2],
+            disable_batch=True, telemetry_enabled=False,
+        )
+        configure(directory=OUT / "traces")
+
+        @workflow(name="handle request")
+        def handle():
+            agent()
+
+        handle()
+        trace.get_tracer_provider().force_flush()
+        (path,) = (OUT / "traces").glob("*.sftrace")
+        report(bundle=bundle_report(path))
+        """.replace("sys.argv[2]", repr(f"http://127.0.0.1:{receiver.http_port}")),
+    )
+    check_bundle_and_export(out, received_spans(receiver), "handle request.workflow")
