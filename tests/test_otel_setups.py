@@ -397,20 +397,27 @@ def test_phoenix_register(tmp_path: Path, receiver: OtlpReceiver) -> None:
 # --- Langfuse (its OpenTelemetry-based SDK) -------------------------------------------------------
 
 
-def test_langfuse_client_provider(tmp_path: Path, receiver: OtlpReceiver) -> None:
+@pytest.mark.parametrize("stepfork_first", [False, True], ids=["after", "before"])
+def test_langfuse_client_provider(
+    tmp_path: Path, receiver: OtlpReceiver, stepfork_first: bool
+) -> None:
     """``Langfuse(...)`` installs a global SDK provider with its LangfuseSpanProcessor (an OTLP
     exporter to ``{base_url}/api/public/otel/v1/traces``; here the export path is aimed at the
-    loopback receiver). Its default filter exports Langfuse spans and spans with ``gen_ai.*``
-    attributes: every stepfork span has them, so all reach Langfuse."""
+    loopback receiver), or adds that processor to the global provider already set (stepfork's
+    embedded default, when ``configure()`` came first). Its default filter exports Langfuse
+    spans and spans with ``gen_ai.*`` attributes: every stepfork span has them."""
     out = run_setup(
         tmp_path,
-        """
+        f"""
         from langfuse import Langfuse
 
+        if {stepfork_first}:
+            configure(directory=OUT / "traces")
         langfuse = Langfuse(
             public_key="pk-lf-local", secret_key="sk-lf-local", base_url=sys.argv[2]
         )
-        configure(directory=OUT / "traces")
+        if not {stepfork_first}:
+            configure(directory=OUT / "traces")
 
         with langfuse.start_as_current_observation(as_type="span", name="handle request"):
             agent()
@@ -461,3 +468,43 @@ def test_traceloop_init(tmp_path: Path, receiver: OtlpReceiver) -> None:
         """.replace("sys.argv[2]", repr(f"http://127.0.0.1:{receiver.http_port}")),
     )
     check_bundle_and_export(out, received_spans(receiver), "handle request.workflow")
+
+
+# --- detection, in-process -------------------------------------------------------------------------
+
+
+def test_detection_is_by_capability_not_class() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider
+
+    from stepfork_otel.otel.setup import takes_span_processors
+
+    class Wrapper:  # like logfire's: not an SDK subclass, but takes processors
+        def add_span_processor(self, processor: object) -> None: ...
+
+    assert takes_span_processors(TracerProvider())
+    assert takes_span_processors(Wrapper())
+    assert not takes_span_processors(ProxyTracerProvider())
+    assert not takes_span_processors(NoOpTracerProvider())
+
+
+def test_a_provider_that_would_replace_its_exporter_keeps_it(tmp_path: Path) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from stepfork_otel import configure
+
+    class ReplacingProvider(TracerProvider):  # the shape of phoenix.otel's provider
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[bool] = []
+
+        def add_span_processor(  # type: ignore[override]
+            self, processor: Any, replace_default_processor: bool = True
+        ) -> None:
+            self.calls.append(replace_default_processor)
+            super().add_span_processor(processor)
+
+    provider = ReplacingProvider()
+    configure(directory=tmp_path, tracer_provider=provider)
+    assert provider.calls == [False]
+    provider.shutdown()
