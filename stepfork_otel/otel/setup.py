@@ -8,10 +8,10 @@ Three situations, three behaviours:
   ``opentelemetry-instrument`` configures. stepfork adds a :class:`SftraceSpanProcessor` to it
   and nothing else, beside the processors already there (Phoenix's provider replaces its own
   exporter on ``add_span_processor`` unless passed ``replace_default_processor=False``: stepfork
-  passes it whenever the method takes it). Its exporters receive the stepfork spans too, in the application's traces.
-  The test is by capability, not by class: logfire's provider is not an SDK ``TracerProvider``
-  subclass, and checking the class left it on a private provider, with no stepfork span reaching
-  logfire and no bundle for runs inside logfire's spans.
+  passes it whenever the method takes it). Its exporters receive the stepfork spans too, in the
+  application's traces. The test is by capability, not by class: logfire's provider is not an
+  SDK ``TracerProvider`` subclass, and checking the class left it on a private provider, with no
+  stepfork span reaching logfire and no bundle for runs inside logfire's spans.
 * **No provider is set yet** (the API's proxy provider): stepfork installs the *embedded default*,
   an SDK ``TracerProvider`` with the bundle processor and no exporter (no network). The
   application can still add processors to it (``trace.get_tracer_provider().add_span_processor``).
