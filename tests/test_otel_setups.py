@@ -510,3 +510,40 @@ def test_a_provider_that_would_replace_its_exporter_keeps_it(tmp_path: Path) -> 
     configure(directory=tmp_path, tracer_provider=provider)
     assert provider.calls == [False]
     provider.shutdown()
+
+
+def test_logfire_keep_markers_recipe_makes_the_collector_copy_whole(
+    tmp_path: Path, receiver: OtlpReceiver
+) -> None:
+    """The recipe of docs/otel-setups.md, run as it stands there: logfire keeps what stepfork
+    already redacted, so the collector's copy rebuilds into a whole bundle that verifies."""
+    import re
+
+    from stepfork_otel.trace.checks import verify_integrity
+    from stepfork_otel.trace.otlp import iter_traces_from_otlp_json
+
+    page = (ROOT / "docs" / "otel-setups.md").read_text()
+    found = re.search(r"<!-- snippet: id=logfire-keep-markers -->\n```python\n(.*?)```", page, re.S)
+    assert found, "the recipe block is gone from docs/otel-setups.md"
+    script = tmp_path / "recipe.py"
+    script.write_text(found.group(1))
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.http_endpoint}
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    wire = receiver.output.read_text()
+    assert "s-1234" not in wire
+    assert "Xf3kT9qLmN2pR8sV4wY6zA1bC5dE7gH0jK" not in wire
+    (bundle,) = list(iter_traces_from_otlp_json(receiver.output))
+    assert verify_integrity(bundle) == []
+    assert [c.input for c in bundle.calls] == [
+        '{"session_id":"[REDACTED]"}',
+        '{"messages":[{"content":"my key is [REDACTED:openai_api_key]","role":"user"}]}',
+    ]
+    assert all(c.input_missing is None for c in bundle.calls)
