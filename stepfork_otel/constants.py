@@ -225,3 +225,10 @@ VERBOSE_PREVIEW_CHARS: Final = 2000
 FINGERPRINT_CHARS: Final = 12
 #: Default cap (bytes of canonical JSON) above which a payload is left off the span.
 DEFAULT_MAX_SPAN_PAYLOAD_BYTES: Final = 64 * 1024
+
+# --- environment ----------------------------------------------------------------------------------
+
+#: Environment variable naming the bundle directory for the zero-code path: under
+#: ``opentelemetry-instrument``, stepfork attaches to the provider the SDK configured from the
+#: ``OTEL_*`` variables and writes a bundle per run there (``stepfork_otel.otel.zero_code``).
+ENV_BUNDLE_DIRECTORY: Final = "STEPFORK_DIRECTORY"

@@ -2,22 +2,33 @@
 
 Three situations, three behaviours:
 
-* **The application has an SDK ``TracerProvider``** (its own exporters, sampler, resource):
-  stepfork adds a :class:`SftraceSpanProcessor` to it and nothing else. Its exporters receive the
-  stepfork spans too.
+* **The application's provider can take span processors**: an SDK ``TracerProvider`` (its own
+  exporters, sampler, resource), or anything that wraps one and has ``add_span_processor`` --
+  logfire's ``ProxyTracerProvider``, Phoenix's ``register()``, the provider that
+  ``opentelemetry-instrument`` configures. stepfork adds a :class:`SftraceSpanProcessor` to it
+  and nothing else, beside the processors already there (Phoenix's provider replaces its own
+  exporter on ``add_span_processor`` unless passed ``replace_default_processor=False``: stepfork
+  passes it whenever the method takes it). Its exporters receive the stepfork spans too, in the
+  application's traces. The test is by capability, not by class: logfire's provider is not an
+  SDK ``TracerProvider`` subclass, and checking the class left it on a private provider, with no
+  stepfork span reaching logfire and no bundle for runs inside logfire's spans.
 * **No provider is set yet** (the API's proxy provider): stepfork installs the *embedded default*,
   an SDK ``TracerProvider`` with the bundle processor and no exporter (no network). The
   application can still add processors to it (``trace.get_tracer_provider().add_span_processor``).
-* **A provider that is not the SDK's** (an explicit ``NoOpTracerProvider``, a vendor's own
-  implementation): processors cannot be added to it. stepfork then records on a *private* SDK
+* **A provider that cannot take processors** (an explicit ``NoOpTracerProvider``, a vendor's own
+  implementation without ``add_span_processor``): stepfork then records on a *private* SDK
   provider, so bundles are still written, and logs a warning: those spans do not reach the
-  application's provider or exporters.
+  application's provider or exporters. This is the only case where attaching is impossible.
+
+``docs/otel-setups.md`` has the exact lines for each set-up and its pitfalls.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
+from collections.abc import Collection
 from pathlib import Path
 
 from opentelemetry import trace as trace_api
@@ -34,10 +45,30 @@ _lock = threading.RLock()
 _processor: SftraceSpanProcessor | None = None
 
 
+def takes_span_processors(provider: object) -> bool:
+    """Whether ``provider`` can take a span processor (duck typing: ``add_span_processor``)."""
+    return callable(getattr(provider, "add_span_processor", None))
+
+
+def _add_processor(provider: object, processor: SftraceSpanProcessor) -> None:
+    """Add the bundle processor beside the provider's own processors, never instead of one."""
+    add = provider.add_span_processor  # type: ignore[attr-defined]
+    try:
+        keywords: Collection[str] = inspect.signature(add).parameters
+    except (TypeError, ValueError):  # a builtin or C method without a signature
+        keywords = ()
+    if "replace_default_processor" in keywords:
+        # phoenix.otel's provider drops its own exporter on the first add unless told not to:
+        # with the default, register(...) followed by configure() sent nothing to Phoenix.
+        add(processor, replace_default_processor=False)
+    else:
+        add(processor)
+
+
 def _attach(provider: trace_api.TracerProvider | None, processor: SftraceSpanProcessor) -> None:
     target = provider if provider is not None else trace_api.get_tracer_provider()
-    if isinstance(target, TracerProvider):
-        target.add_span_processor(processor)
+    if takes_span_processors(target):
+        _add_processor(target, processor)
         CONFIG.use_tracer_provider(provider)
         return
     if provider is None and isinstance(target, trace_api.ProxyTracerProvider):
@@ -48,14 +79,14 @@ def _attach(provider: trace_api.TracerProvider | None, processor: SftraceSpanPro
             CONFIG.use_tracer_provider(None)
             return
         target = trace_api.get_tracer_provider()  # another thread won the race: use theirs
-        if isinstance(target, TracerProvider):
-            target.add_span_processor(processor)
+        if takes_span_processors(target):
+            _add_processor(target, processor)
             CONFIG.use_tracer_provider(None)
             return
     logger.warning(
-        "stepfork_otel: the tracer provider %s is not an OpenTelemetry SDK TracerProvider; "
-        "recording on a private SDK provider (bundles are written, but stepfork spans do not "
-        "reach this provider's exporters)",
+        "stepfork_otel: the tracer provider %s is not an OpenTelemetry SDK TracerProvider and "
+        "has no add_span_processor; recording on a private SDK provider (bundles are written, "
+        "but stepfork spans do not reach this provider's exporters)",
         type(target).__name__,
     )
     private = TracerProvider(resource=Resource.create({}))
