@@ -180,3 +180,12 @@ VERBOSE_PREVIEW_CHARS: Final = 2000
 FINGERPRINT_CHARS: Final = 12
 #: Default cap (bytes of canonical JSON) above which a payload is left off the span.
 DEFAULT_MAX_SPAN_PAYLOAD_BYTES: Final = 64 * 1024
+
+# --- limits on what is read (hostile input; see docs/guarantees.md) -----------------------------
+
+#: Bytes a compressed bundle or collector file may expand to, in all.
+DEFAULT_MAX_DECOMPRESSED_BYTES: Final = 2 * 1024**3
+#: Bytes of one line of a bundle or a collector file (a payload line included).
+DEFAULT_MAX_LINE_BYTES: Final = 256 * 1024**2
+#: Levels of JSON nesting in a bundle's header, a payload or an OTLP record (orjson writes 254).
+DEFAULT_MAX_JSON_DEPTH: Final = 254
