@@ -66,6 +66,15 @@ def test_a_header_nested_deeper_than_the_limit_is_a_bundle_error(tmp_path: Path)
     assert "line 1: JSON nested deeper than 254 levels" in _bundle_error(deep)  # was TypeError
 
 
+def test_an_end_line_with_a_deep_value_is_a_bundle_error(tmp_path: Path) -> None:
+    """Found by the fuzz campaign: quoting a 1,000-deep list in the message recursed."""
+    lines = GOLDEN.read_bytes().rstrip(b"\n").split(b"\n")
+    lines[-1] = b'{"end":"sftrace","events":' + b"[" * 1000 + b"]" * 1000 + b"}"
+    deep = tmp_path / "deep-end.sftrace"
+    deep.write_bytes(b"\n".join(lines) + b"\n")
+    assert "end line does not match: it declares [[[[...]]]] events" in _bundle_error(deep)
+
+
 def test_a_line_longer_than_the_limit_stops_there(tmp_path: Path) -> None:
     head = GOLDEN.read_bytes().split(b"\n", 1)[0] + b"\n"
     long = tmp_path / "long.sftrace.gz"
