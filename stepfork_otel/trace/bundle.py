@@ -38,6 +38,7 @@ import functools
 import gc
 import gzip
 import hashlib
+import itertools
 import os
 import re
 import tempfile
@@ -55,6 +56,7 @@ from pydantic import ValidationError
 from stepfork_otel.constants import BUNDLE_SUFFIX, FORMAT_NAME, FORMAT_VERSION, GZIP_MAGIC
 from stepfork_otel.trace.checks import note_lines_fingerprint, raise_if_inconsistent
 from stepfork_otel.trace.errors import BundleError, BundleVersionError, Problem, quote
+from stepfork_otel.trace.journal import JOURNAL_MAGIC, read_journal
 from stepfork_otel.trace.limits import (
     DEFAULT_LIMITS,
     NotRegularFile,
@@ -674,8 +676,7 @@ def _gunzip_chunks(
 def read_trace(source: str | os.PathLike[str], *, limits: ReadLimits = DEFAULT_LIMITS) -> Trace:
     """Read and parse a bundle file without the structural checks of :func:`load_trace` (for
     ``stepfork validate``, which lists every problem rather than stopping at the first)."""
-    path = Path(source)
-    return _parse(_file_chunks(path, limits), path, limits)
+    return _read(Path(source), limits)
 
 
 def schema_problems(
@@ -775,9 +776,19 @@ def load_trace(source: str | os.PathLike[str], *, limits: ReadLimits = DEFAULT_L
     (:class:`~stepfork_otel.trace.limits.ReadLimits`; a file beyond them is a
     :class:`BundleError`)."""
     path = Path(source)
-    trace = _parse(_file_chunks(path, limits), path, limits)
+    trace = _read(path, limits)
     raise_if_inconsistent(trace, path)
     return trace
+
+
+def _read(path: Path, limits: ReadLimits) -> Trace:
+    """A bundle file, or the journal of a run whose process died
+    (:mod:`~stepfork_otel.trace.journal`), as a Trace."""
+    chunks = _file_chunks(path, limits)
+    first = next(chunks, b"")
+    if first.startswith(JOURNAL_MAGIC):
+        return read_journal(itertools.chain([first], chunks), path, limits=limits)
+    return _parse(itertools.chain([first], chunks), path, limits)
 
 
 def dump_trace(trace: Trace) -> bytes:
@@ -833,7 +844,10 @@ def save_trace(trace: Trace, destination: str | os.PathLike[str]) -> Path:
     data = dump_trace(trace)
     if path.name.endswith(".gz"):
         data = gzip.compress(data, compresslevel=6, mtime=0)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # (the pid in the name tells a leftover of a dead process from a write under way)
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{path.name}.{os.getpid()}.", suffix=TMP_SUFFIX, dir=path.parent
+    )
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -844,6 +858,9 @@ def save_trace(trace: Trace, destination: str | os.PathLike[str]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+TMP_SUFFIX = ".tmp"
 
 
 def load_any(source: Trace | str | os.PathLike[str] | Any) -> Trace:
