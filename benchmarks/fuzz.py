@@ -4,7 +4,8 @@
 20,000 bundle mutants, 5,000 OTLP mutants, seed 13, ``benchmarks/FUZZ_RESULTS.md``). The same
 mutators and checks run, bounded, in the normal test suite (``tests/test_fuzz.py``, hypothesis).
 
-Every bundle mutant is written to a file (a third of them gzipped) and given to what a user runs:
+Every bundle mutant (of the golden bundles, and of the run journal a killed process leaves) is
+written to a file (a third of them gzipped) and given to what a user runs:
 ``load_trace`` and ``verify_integrity``, ``stepfork validate``'s check, ``stepfork show``'s tree,
 and a frozen replay of the golden agent that recorded it. Every OTLP mutant goes through
 ``iter_traces_from_otlp_json``; each bundle it yields is saved and loaded back (an imported run
@@ -90,6 +91,9 @@ GOLDEN_BUNDLES = {
     "dinner_lisbon_async.sftrace": (golden_agent.run_dinner_agent_async, golden_agent.LISBON),
     "legacy_no_fingerprints.sftrace": (golden_agent.run_dinner_agent, golden_agent.LISBON),
     "missing_result.sftrace": (golden_agent.run_dinner_agent, golden_agent.LISBON),
+    # the journal a killed process leaves (read like a bundle; regenerate with
+    # --write-journal-golden)
+    "dinner_lisbon.sftrace.journal": (golden_agent.run_dinner_agent, golden_agent.LISBON),
 }
 
 # --- mutations ---------------------------------------------------------------------------------
@@ -614,6 +618,26 @@ def write_otlp_golden(path: Path = OTLP_GOLDEN) -> Path:
     return path
 
 
+def write_journal_golden(path: Path = GOLDEN / "dinner_lisbon.sftrace.journal") -> Path:
+    """Record the golden agent's Lisbon run and keep its journal as it is just before the run
+    ends (what a process killed at that moment leaves)."""
+    import shutil
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from stepfork_otel import configure, record
+
+    provider = TracerProvider()
+    with tempfile.TemporaryDirectory() as tmp:
+        configure(tracer_provider=provider)
+        bundle = Path(tmp) / "dinner_lisbon.sftrace"
+        with record(bundle, input={"question": golden_agent.LISBON}, name="dinner_agent"):
+            golden_agent.run_dinner_agent(golden_agent.LISBON)
+            shutil.copyfile(bundle.with_name(bundle.name + ".journal"), path)
+    provider.shutdown()
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fuzz", description=__doc__)
     parser.add_argument("--bundles", type=int, default=20_000)
@@ -622,9 +646,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-mib", type=int, default=3072, help="address-space cap")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "FUZZ_RESULTS.md")
     parser.add_argument("--write-otlp-golden", action="store_true")
+    parser.add_argument("--write-journal-golden", action="store_true")
     args = parser.parse_args(argv)
     if args.write_otlp_golden:
         print(write_otlp_golden())
+        return 0
+    if args.write_journal_golden:
+        print(write_journal_golden())
         return 0
     import logging
 

@@ -196,3 +196,77 @@ def test_leftover_temporary_files_of_dead_processes_are_deleted(tmp_path: Path) 
         path.write_bytes(b"x" * 1000)
     assert recover_directory(tmp_path) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
+
+
+# --- in process: the journal while a run is recorded -----------------------------------------------
+
+
+@trace_tool
+def lookup(city: str) -> str:
+    return city.upper()
+
+
+def test_the_journal_holds_each_call_as_it_returns_and_goes_when_the_run_ends(
+    recording: Any, tmp_path: Path
+) -> None:
+    from stepfork_otel import record
+
+    bundle = tmp_path / "run.sftrace"
+    with record(bundle, name="cities"):
+        lookup("lisbon")
+        journal = journal_path(bundle)
+        mid = load_trace(journal)  # readable while the run goes on
+        assert not mid.complete
+        assert [c.name for c in mid.calls] == ["lookup"]  # type: ignore[union-attr]
+        assert mid.outcome_of(mid.calls[0]) is not None
+        lookup("porto")
+        assert len(load_trace(journal).calls) == 2
+    assert not journal.exists()
+    final = load_trace(bundle)
+    assert final.complete
+    assert [c.input for c in final.calls] == ['{"city":"lisbon"}', '{"city":"porto"}']  # type: ignore[union-attr]
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names open files through /proc")
+def test_fsync_policy_and_switching_the_journal_off(
+    recording: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stepfork_otel import record
+    from stepfork_otel.otel import writer
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if name.endswith(".journal"):  # (the bundle's own atomic write fsyncs too)
+            synced.append(name)
+        real_fsync(fd)
+
+    monkeypatch.setattr(writer.os, "fsync", fsync)
+    recording.processor.fsync_interval = 0  # every append
+    with record(tmp_path / "every.sftrace"):
+        lookup("a")
+        lookup("b")
+    assert len(synced) >= 4  # two lines per call
+    synced.clear()
+    recording.processor.fsync_interval = None  # never
+    with record(tmp_path / "never.sftrace"):
+        lookup("a")
+    assert synced == []
+    recording.processor.journal = False
+    with record(tmp_path / "off.sftrace"):
+        lookup("a")
+        assert not journal_path(tmp_path / "off.sftrace").exists()
+    assert load_trace(tmp_path / "off.sftrace").complete
+
+
+def test_a_journal_of_a_live_process_is_left_alone(recording: Any, tmp_path: Path) -> None:
+    from stepfork_otel import record
+
+    bundle = tmp_path / "run.sftrace"
+    with record(bundle):
+        lookup("a")
+        assert recover_directory(tmp_path) == []  # (this process is alive)
+        assert journal_path(bundle).exists()
+        assert not bundle.exists()

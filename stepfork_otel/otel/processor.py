@@ -23,6 +23,12 @@ Design choices, and why:
 * ``force_flush`` writes a snapshot of every open run (and of boundary spans outside runs, when a
   directory is configured), marked incomplete; the run keeps being buffered and its final bundle
   replaces the snapshot when it ends. ``shutdown`` flushes and then stops.
+* Crash durability: while a run with a destination is recorded, each of its spans is appended
+  to the run's journal (:class:`~stepfork_otel.otel.writer.RunJournal`) as it starts and as it
+  ends, before the call returns; the run's bundle replaces the journal when the run ends. A
+  journal left by a dead process is recovered by the next recording in that directory; at exit
+  and on ``SIGTERM`` (when the program has no handler of its own) :meth:`finalise` writes the
+  runs still open as incomplete bundles.
 * Full payloads come from the boundaries through the in-process hand-off
   (:class:`~stepfork_otel.recording.handoff.PayloadHandoff`), so a payload left
   off the span (size cap, capture off) or cut by an ``OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT`` is still
@@ -173,6 +179,10 @@ class SftraceSpanProcessor(SpanProcessor):
         #: (trace id, run span id) -> the journal of a run being recorded.
         self._journals: dict[tuple[int, int], RunJournal] = {}
         self._recovered: set[Path] = set()
+        if journal and self.writer.directory is not None:  # a start in that directory
+            self._recovered.add(self.writer.directory)
+            with handle_internal_errors(f"recovering runs cut short in {self.writer.directory}"):
+                recover_directory(self.writer.directory)
         self.max_open_traces = max_open_traces
         self.max_spans_per_trace = max_spans_per_trace
         self.config = config or CONFIG

@@ -4,6 +4,10 @@ The processor (``otel/processor.py``) decides *when* a bundle is complete and wh
 the writer decides *where* it goes and how it is written -- as the SDK's ``BatchSpanProcessor``
 decides when a batch is done and a ``SpanExporter`` where it goes. Swapping the destination never
 touches the buffering.
+
+While a run is recorded its spans also go to a :class:`RunJournal` next to the bundle, so a killed
+process leaves its calls on disk; :func:`recover_directory` turns what dead processes left in a
+directory (journals, half-written temporary files) into bundles, or deletes it.
 """
 
 from __future__ import annotations
