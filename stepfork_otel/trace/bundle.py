@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import gzip
 import hashlib
 import itertools
 import os
@@ -798,37 +797,66 @@ def dump_trace(trace: Trace) -> bytes:
     then each event: ``i`` / ``o`` when a payload line follows, ``-`` when none. Every field
     outside the payloads is in those lines; the payload texts are covered by their own
     fingerprints, which are in those lines too."""
+    return b"".join(_dump_pieces(trace))
+
+
+#: Bytes gathered before one write when a bundle is saved (the bundle is never whole in memory).
+_WRITE_BATCH = 1 << 20
+
+
+def _dump_pieces(trace: Trace) -> Iterator[bytes]:
+    """:func:`dump_trace`'s bytes, piece by piece (``save_trace`` writes them as they come: a
+    600 MB bundle joined whole, and its encoded payloads beside it, cost twice its size)."""
     head = trace.model_dump(mode="json", exclude={"events"}, exclude_none=True)
     run = head.get("run", {})
     run_input, run_output = run.pop("input", None), run.pop("output", None)
     head_line = orjson.dumps(head) + b"\n"
-    parts = [head_line]
+    yield head_line
     payload_map = [b"-" if run_input is None else b"i", b"-" if run_output is None else b"o"]
     if run_input is not None:
-        parts += [_P_IN, _payload_bytes(run_input, "run input"), b"}\n"]
+        yield b"".join([_P_IN, _payload_bytes(run_input, "run input"), b"}\n"])
     if run_output is not None:
-        parts += [_P_OUT, _payload_bytes(run_output, "run output"), b"}\n"]
+        yield b"".join([_P_OUT, _payload_bytes(run_output, "run output"), b"}\n"])
     dump = EVENT_ADAPTER.dump_json  # in Rust, in declared field order (type and id first)
     no_input, no_output = {"input"}, {"output"}
     lines_hash = hashlib.sha256(head_line)
     for event in trace.events:
         if isinstance(event, (ToolCall, LlmRequest)):
             line = dump(event, exclude_none=True, exclude=no_input) + b"\n"
-            parts.append(line)
+            yield line
             if event.input is not None:
-                parts += [_P_IN, _payload_bytes(event.input, event.id), b"}\n"]
+                yield b"".join([_P_IN, _payload_bytes(event.input, event.id), b"}\n"])
             payload_map.append(b"-" if event.input is None else b"i")
         else:
             line = dump(event, exclude_none=True, exclude=no_output) + b"\n"
-            parts.append(line)
+            yield line
             if event.output is not None:
-                parts += [_P_OUT, _payload_bytes(event.output, event.id), b"}\n"]
+                yield b"".join([_P_OUT, _payload_bytes(event.output, event.id), b"}\n"])
             payload_map.append(b"-" if event.output is None else b"o")
         lines_hash.update(line)
     lines_hash.update(b"".join(payload_map))
     end = {"end": FORMAT_NAME, "events": len(trace.events), "lines_sha256": lines_hash.hexdigest()}
-    parts += [orjson.dumps(end), b"\n"]
-    return b"".join(parts)
+    yield orjson.dumps(end) + b"\n"
+
+
+def _batches(pieces: Iterable[bytes], compress: bool) -> Iterator[bytes]:
+    """``pieces`` gathered into writes of about :data:`_WRITE_BATCH` bytes, gzipped (level 6,
+    no timestamp, as ``gzip.compress`` would) when ``compress``."""
+    packer = zlib.compressobj(6, zlib.DEFLATED, 31) if compress else None
+    gathered: list[bytes] = []
+    size = 0
+    for piece in pieces:
+        gathered.append(piece)
+        size += len(piece)
+        if size >= _WRITE_BATCH:
+            data = b"".join(gathered)
+            gathered, size = [], 0
+            yield data if packer is None else packer.compress(data)
+    data = b"".join(gathered)
+    if packer is None:
+        yield data
+    else:
+        yield packer.compress(data) + packer.flush()
 
 
 def _payload_bytes(text: str, owner: str) -> bytes:
@@ -841,16 +869,14 @@ def save_trace(trace: Trace, destination: str | os.PathLike[str]) -> Path:
     """Write a bundle atomically: a temporary file in the same folder, then a rename."""
     path = Path(destination)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = dump_trace(trace)
-    if path.name.endswith(".gz"):
-        data = gzip.compress(data, compresslevel=6, mtime=0)
     # (the pid in the name tells a leftover of a dead process from a write under way)
     fd, tmp = tempfile.mkstemp(
         prefix=f".{path.name}.{os.getpid()}.", suffix=TMP_SUFFIX, dir=path.parent
     )
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            for data in _batches(_dump_pieces(trace), path.name.endswith(".gz")):
+                handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
