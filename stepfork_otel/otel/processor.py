@@ -77,8 +77,12 @@ def _attributes(span: ReadableSpan) -> dict[str, Any]:
     return dict(span.attributes or {})
 
 
-def span_record(span: ReadableSpan, payloads: Mapping[str, Payload] | None = None) -> SpanRecord:
-    """Describe an SDK span for the conversion (the processor's side of the one conversion)."""
+def span_record(
+    span: ReadableSpan, payloads: Mapping[str, Payload] | None = None, *, copy: bool = True
+) -> SpanRecord:
+    """Describe an SDK span for the conversion (the processor's side of the one conversion).
+    ``copy=False``: the span's own attribute mapping, for a span that has ended (and so can no
+    longer change) and a record that does not outlive the call."""
     ctx = span.get_span_context()
     parent = span.parent
     return SpanRecord(
@@ -90,7 +94,7 @@ def span_record(span: ReadableSpan, payloads: Mapping[str, Payload] | None = Non
         start_time_unix_nano=span.start_time or 0,
         end_time_unix_nano=span.end_time,
         status=span.status.status_code.name.lower(),
-        attributes=_attributes(span),
+        attributes=_attributes(span) if copy else (span.attributes or {}),
         payloads=dict(payloads or {}),
     )
 
@@ -302,7 +306,7 @@ class SftraceSpanProcessor(SpanProcessor):
     def _journal_record(
         self, span: ReadableSpan, payloads: Mapping[str, Payload] | None
     ) -> SpanRecord:
-        record = span_record(span, payloads)
+        record = span_record(span, payloads, copy=span.end_time is None)
         if not is_stepfork_span(record):  # the application's span names may embed credentials
             record = dataclasses.replace(
                 record, name=self.config.settings.redactor.redact_text(record.name)

@@ -63,10 +63,6 @@ def journal_header(bundle_name: str, trace_id: str, run_span_id: str, pid: int) 
     )
 
 
-def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
-
-
 #: Left off a started span's line: its payload texts (the ended span's line has them whole).
 _PAYLOAD_TEXT_KEYS = frozenset((*INPUT_KEYS[:1], INPUT_KEYS[5], *OUTPUT_KEYS[:1], OUTPUT_KEYS[5]))
 _COPIES = {INPUT_KEYS[0]: INPUT_KEYS[5], OUTPUT_KEYS[0]: OUTPUT_KEYS[5]}
@@ -89,10 +85,10 @@ def journal_line(record: SpanRecord) -> bytes:
         "start": record.start_time_unix_nano,
         "end": record.end_time_unix_nano,
         "status": record.status,
-        "attributes": {key: _plain(v) for key, v in record.attributes.items() if key not in skip},
+        "attributes": {key: v for key, v in record.attributes.items() if key not in skip},
     }
     payloads = {key: p._asdict() for key, p in record.payloads.items()}
-    return orjson.dumps({"span": span, "payloads": payloads}) + b"\n"
+    return orjson.dumps({"span": span, "payloads": payloads}) + b"\n"  # (tuples: arrays)
 
 
 def _record(line: Any) -> SpanRecord:
