@@ -232,3 +232,21 @@ DEFAULT_MAX_SPAN_PAYLOAD_BYTES: Final = 64 * 1024
 #: ``opentelemetry-instrument``, stepfork attaches to the provider the SDK configured from the
 #: ``OTEL_*`` variables and writes a bundle per run there (``stepfork_otel.otel.zero_code``).
 ENV_BUNDLE_DIRECTORY: Final = "STEPFORK_DIRECTORY"
+
+# --- limits on what is read (hostile input; see docs/guarantees.md) -----------------------------
+
+#: Bytes a compressed bundle or collector file may expand to, in all.
+DEFAULT_MAX_DECOMPRESSED_BYTES: Final = 2 * 1024**3
+#: Bytes of one line of a bundle or a collector file (a payload line included).
+DEFAULT_MAX_LINE_BYTES: Final = 256 * 1024**2
+#: Levels of JSON nesting in a bundle's header, a payload or an OTLP record (orjson writes 254).
+DEFAULT_MAX_JSON_DEPTH: Final = 254
+
+# --- crash-durable recording (see docs/guarantees.md) -------------------------------------------
+
+#: Value of the ``format`` field of a run journal's first line.
+JOURNAL_FORMAT: Final = "sftrace-journal"
+#: Appended to a bundle's file name for the journal of its run while it is being recorded.
+JOURNAL_SUFFIX: Final = ".journal"
+#: Seconds between two fsyncs of a run journal (data reaches the OS at once either way).
+DEFAULT_FSYNC_INTERVAL: Final = 1.0

@@ -22,6 +22,7 @@ from stepfork_otel.trace.bundle import dump_trace, load_any, load_trace, parse_t
 from stepfork_otel.trace.canonical import canonical_json
 from stepfork_otel.trace.checks import missing_payloads, validate_structure, verify_integrity
 from stepfork_otel.trace.errors import BundleError, BundleVersionError, Problem
+from stepfork_otel.trace.limits import ReadLimits
 from stepfork_otel.trace.models import (
     ContextSpan,
     ErrorEvent,
@@ -545,9 +546,13 @@ def test_deeply_nested_json(tmp_path: Path) -> None:
     deep = b'{"format":"sftrace","trace_id":"t","run":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
     error = _load_error(_write(tmp_path / "deep.sftrace", deep))
     assert "not valid JSON" in str(error)
-    nested_payload = _edit_event(2, input="[" * 100_000)  # deep *inside a string* is just text
-    trace = Trace.load(_write(tmp_path / "string.sftrace", nested_payload))
-    assert trace.events[2].input == "[" * 100_000  # type: ignore[union-attr]
+    # a payload is never parsed at load, but its nesting is checked as it streams in: replay
+    # and show parse it later, recursively
+    error = _load_error(_write(tmp_path / "payload.sftrace", _edit_event(2, input="[" * 100_000)))
+    assert "line 9: JSON nested deeper than 254 levels (the nesting limit)" in str(error)
+    text = '"' + "[" * 100_000 + '"'  # deep *inside a string* is just text
+    trace = Trace.load(_write(tmp_path / "string.sftrace", _edit_event(2, input=text)))
+    assert trace.events[2].input == text  # type: ignore[union-attr]
 
 
 def test_a_50_mb_string_value_loads_as_data(tmp_path: Path) -> None:
@@ -570,19 +575,24 @@ def test_a_50_mb_key_or_tag_is_not_copied_into_the_message(tmp_path: Path) -> No
     assert "inconsistent bundle" in str(error)
 
 
-def test_a_gzip_bomb_stops_at_the_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bundle, "MAX_DECOMPRESSED_BYTES", 1_000_000)
+def test_a_gzip_bomb_stops_at_the_cap(tmp_path: Path) -> None:
+    limits = ReadLimits(max_decompressed_bytes=1_000_000)
+
+    def load_error(path: Path) -> str:
+        with pytest.raises(BundleError) as info:
+            load_trace(path, limits=limits)
+        return str(info.value)
+
     bomb = _write(tmp_path / "bomb.sftrace.gz", gzip.compress(b" " * 50_000_000, compresslevel=9))
     assert bomb.stat().st_size < 100_000
-    error = _load_error(bomb)
-    assert "expands beyond 1000000 bytes" in str(error)
+    assert "expands beyond 1000000 bytes (the decompressed-size limit)" in load_error(bomb)
     # the cap counts every gzip member together
     head = dump_trace(make_trace()).split(b"\n")[0] + b"\n"
     two = gzip.compress(head + b" " * 600_000) + gzip.compress(b" " * 600_000)
-    assert "expands beyond" in str(_load_error(_write(tmp_path / "two.sftrace.gz", two)))
+    assert "expands beyond" in load_error(_write(tmp_path / "two.sftrace.gz", two))
     # a bundle below the cap still loads
     small = save_trace(make_trace(), tmp_path / "ok.sftrace.gz")
-    assert Trace.load(small) == make_trace()
+    assert load_trace(small, limits=limits) == make_trace()
 
 
 def test_strings_that_look_like_code_are_only_data(tmp_path: Path) -> None:

@@ -458,7 +458,7 @@ def test_a_large_file_that_is_not_a_bundle_is_not_read_whole(
     }
     for first in starts.values():
         served.clear()
-        monkeypatch.setattr(bundle, "_file_chunks", lambda path, first=first: endless(first))
+        monkeypatch.setattr(bundle, "_file_chunks", lambda path, *_, first=first: endless(first))
         with pytest.raises(BundleError, match=r"not a \.sftrace bundle"):
             bundle.read_trace("huge.sftrace")
         assert bundle.schema_problems("huge.sftrace") == []

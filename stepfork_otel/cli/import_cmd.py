@@ -135,7 +135,12 @@ def run(args: argparse.Namespace) -> int:
         )
         for trace in traces:
             path = _bundle_path(directory, trace, written)
-            trace.save(path)
+            try:
+                trace.save(path)
+            except ValueError as exc:  # a run that cannot be written is named; the rest go on
+                attention = True
+                print(style.line(f"{path}: {style.red('NOT WRITTEN')} -- {exc}"))
+                continue
             state = style.green("complete") if trace.complete else style.red("INCOMPLETE")
             print(style.line(f"{path}: {state} -- {_describe(trace)}"))
             if not trace.complete:
@@ -177,6 +182,11 @@ def _print_summary(report: ImportReport, files: list[str], style: Style) -> None
         )
     if report.other_signals:
         parts.append(f"{report.other_signals} lines of logs/metrics skipped")
+    if report.skipped_spans:
+        parts.append(
+            f"{report.skipped_spans} unreadable span{'s' if report.skipped_spans != 1 else ''} "
+            "skipped"
+        )
     if report.base64_ids:
         parts.append("ids were base64 (protobuf JSON) and were decoded")
     print(style.line("; ".join(parts)))

@@ -22,6 +22,7 @@ from stepfork_otel.cli._common import (
     load_bundle,
 )
 from stepfork_otel.replay.report import report_preview
+from stepfork_otel.trace.errors import one_line
 from stepfork_otel.trace.models import (
     CallEvent,
     ErrorEvent,
@@ -29,6 +30,7 @@ from stepfork_otel.trace.models import (
     ToolCall,
     Trace,
     call_label,
+    payload_value,
 )
 from stepfork_otel.trace.policy import ReplayPolicy
 
@@ -44,11 +46,42 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add_common_arguments(parser)
 
 
-def _payload(label: str, text: str | None, sha: str | None, missing: str | None, v: bool) -> str:
+def _payload(
+    label: str,
+    text: str | None,
+    sha: str | None,
+    missing: str | None,
+    v: bool,
+    stored: str | None = None,
+) -> str:
+    """One payload line: ``text`` is what is previewed, ``stored`` the payload as the bundle holds
+    it when the preview is made from it (a chat request's last message)."""
     fp = f"  sha256 {abbreviate(sha, v)}" if sha else ""
     if text is None:
         return f"{label} <not in bundle: {missing or 'not recorded'}>{fp}"
+    damage = _damage(text if stored is None else stored)
+    if damage is not None:
+        shown = text if stored is None else stored
+        return f"{label} <damaged: {damage}> {report_preview(shown, v)}{fp}"
     return f"{label} {report_preview(text, v)}{fp}"
+
+
+def _damage(text: str) -> str | None:
+    """Why a payload's text is not JSON (None: it is). ``show`` does not verify fingerprints,
+    so a damaged payload is shown as such, never parsed on trust."""
+    try:
+        payload_value(text)
+    except (ValueError, TypeError, RecursionError) as exc:
+        return one_line(str(exc).split("\n", 1)[0])[:80] or type(exc).__name__
+    return None
+
+
+def _input_text(call: CallEvent) -> str | None:
+    """The call's input as previewed (:func:`call_input_text`); the stored text itself when it is
+    damaged (it cannot be read as a conversation)."""
+    if call.input is not None and _damage(call.input) is not None:
+        return call.input
+    return call_input_text(call)
 
 
 def run_lines(trace: Trace, style: Style, verbose: bool) -> list[str]:
@@ -129,7 +162,12 @@ def call_tree(trace: Trace, style: Style, verbose: bool) -> list[str]:
                 body
                 + pipe
                 + _payload(
-                    "in ", call_input_text(call), call.input_sha256, call.input_missing, verbose
+                    "in ",
+                    _input_text(call),
+                    call.input_sha256,
+                    call.input_missing,
+                    verbose,
+                    stored=call.input,
                 )
             )
             if isinstance(outcome, ErrorEvent):

@@ -23,6 +23,12 @@ Design choices, and why:
 * ``force_flush`` writes a snapshot of every open run (and of boundary spans outside runs, when a
   directory is configured), marked incomplete; the run keeps being buffered and its final bundle
   replaces the snapshot when it ends. ``shutdown`` flushes and then stops.
+* Crash durability: while a run with a destination is recorded, each of its spans is appended
+  to the run's journal (:class:`~stepfork_otel.otel.writer.RunJournal`) as it starts and as it
+  ends, before the call returns; the run's bundle replaces the journal when the run ends. A
+  journal left by a dead process is recovered by the next recording in that directory; at exit
+  and on ``SIGTERM`` (when the program has no handler of its own) :meth:`finalise` writes the
+  runs still open as incomplete bundles.
 * Full payloads come from the boundaries through the in-process hand-off
   (:class:`~stepfork_otel.recording.handoff.PayloadHandoff`), so a payload left
   off the span (size cap, capture off) or cut by an ``OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT`` is still
@@ -31,9 +37,14 @@ Design choices, and why:
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import dataclasses
 import logging
 import os
+import signal
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -46,11 +57,11 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors
 from stepfork_otel.config import CONFIG, RecordingConfig
-from stepfork_otel.otel.writer import BundleWriter
+from stepfork_otel.otel.writer import BundleWriter, RunJournal, recover_directory
 from stepfork_otel.recording.handoff import HANDOFF, PayloadHandoff
 from stepfork_otel.trace import grouping
 from stepfork_otel.trace.bundle import bundle_file_name
-from stepfork_otel.trace.conversion import SpanRecord, spans_to_trace
+from stepfork_otel.trace.conversion import SpanRecord, is_stepfork_span, spans_to_trace
 from stepfork_otel.trace.payload import Payload
 
 logger = logging.getLogger("stepfork_otel")
@@ -66,8 +77,12 @@ def _attributes(span: ReadableSpan) -> dict[str, Any]:
     return dict(span.attributes or {})
 
 
-def span_record(span: ReadableSpan, payloads: Mapping[str, Payload] | None = None) -> SpanRecord:
-    """Describe an SDK span for the conversion (the processor's side of the one conversion)."""
+def span_record(
+    span: ReadableSpan, payloads: Mapping[str, Payload] | None = None, *, copy: bool = True
+) -> SpanRecord:
+    """Describe an SDK span for the conversion (the processor's side of the one conversion).
+    ``copy=False``: the span's own attribute mapping, for a span that has ended (and so can no
+    longer change) and a record that does not outlive the call."""
     ctx = span.get_span_context()
     parent = span.parent
     return SpanRecord(
@@ -79,7 +94,7 @@ def span_record(span: ReadableSpan, payloads: Mapping[str, Payload] | None = Non
         start_time_unix_nano=span.start_time or 0,
         end_time_unix_nano=span.end_time,
         status=span.status.status_code.name.lower(),
-        attributes=_attributes(span),
+        attributes=_attributes(span) if copy else (span.attributes or {}),
         payloads=dict(payloads or {}),
     )
 
@@ -141,6 +156,8 @@ class _Job:
     complete: bool
     reason: str | None
     dropped: int
+    journal: RunJournal | None = None
+    """The run's journal, removed once this (final) bundle is written."""
 
 
 class SftraceSpanProcessor(SpanProcessor):
@@ -155,8 +172,21 @@ class SftraceSpanProcessor(SpanProcessor):
         compress: bool = False,
         config: RecordingConfig | None = None,
         handoff: PayloadHandoff | None = None,
+        journal: bool = True,
+        fsync_interval: float | None = k.DEFAULT_FSYNC_INTERVAL,
     ) -> None:
         self.writer = BundleWriter(directory, compress=compress)
+        self.journal = journal
+        """Keep a journal of each run while it is recorded (crash durability, see
+        :class:`~stepfork_otel.otel.writer.RunJournal`)."""
+        self.fsync_interval = fsync_interval
+        #: (trace id, run span id) -> the journal of a run being recorded.
+        self._journals: dict[tuple[int, int], RunJournal] = {}
+        self._recovered: set[Path] = set()
+        if journal and self.writer.directory is not None:  # a start in that directory
+            self._recovered.add(self.writer.directory)
+            with handle_internal_errors(f"recovering runs cut short in {self.writer.directory}"):
+                recover_directory(self.writer.directory)
         self.max_open_traces = max_open_traces
         self.max_spans_per_trace = max_spans_per_trace
         self.config = config or CONFIG
@@ -218,11 +248,96 @@ class SftraceSpanProcessor(SpanProcessor):
             else:
                 with self._lock:
                     self._destinations[(trace_id, span_id)] = path
+                if span_id is not None:
+                    self._open_journal(trace_id, span_id, path)
                 return path
         with self._lock:
             path = self._claim(self._default_path(trace_id, directory), trace_id, span_id)
             self._destinations[(trace_id, span_id)] = path
+        if span_id is not None:
+            self._open_journal(trace_id, span_id, path)
         return path
+
+    # -- journals --------------------------------------------------------------------------------
+
+    def _open_journal(self, trace_id: int, run_id: int, path: Path) -> None:
+        """Start the journal of a run whose bundle goes to ``path`` (after recovering what dead
+        processes left in that directory, once per directory)."""
+        if not self.journal or self._shutdown:
+            return
+        with handle_internal_errors(f"opening the run journal of {path}"):
+            directory = path.parent
+            if directory not in self._recovered:
+                self._recovered.add(directory)
+                recover_directory(directory)
+            with self._lock:
+                entry = self._traces.get(trace_id)
+                span = None if entry is None else entry.open.get(run_id)
+                if span is None or (trace_id, run_id) in self._journals:
+                    return
+                journal = RunJournal(
+                    path, f"{trace_id:032x}", f"{run_id:016x}", self.fsync_interval
+                )
+                journal.append(span_record(span, self._handoff.read(run_id)))
+                self._journals[(trace_id, run_id)] = journal
+            _watch_for_exit(self)
+
+    def _journals_above(
+        self, trace_id: int, entry: _OpenTrace, parent: int | None
+    ) -> list[RunJournal]:
+        """The journals of the runs enclosing a span whose parent is ``parent`` (caller holds
+        the lock)."""
+        found: list[RunJournal] = []
+        for _ in range(1024):  # (a parent chain is never this long; a cycle would be)
+            if parent is None:
+                break
+            journal = self._journals.get((trace_id, parent))
+            if journal is not None:
+                found.append(journal)
+            span: ReadableSpan | None = entry.open.get(parent)
+            if span is None:
+                ended = entry.ended.get(parent)
+                if ended is None:
+                    break
+                span = ended[0]
+            parent = _local_parent(span)
+        return found
+
+    def _journal_record(
+        self, span: ReadableSpan, payloads: Mapping[str, Payload] | None
+    ) -> SpanRecord:
+        record = span_record(span, payloads, copy=span.end_time is None)
+        if not is_stepfork_span(record):  # the application's span names may embed credentials
+            record = dataclasses.replace(
+                record, name=self.config.settings.redactor.redact_text(record.name)
+            )
+        return record
+
+    def _append(self, journals: list[RunJournal], record: SpanRecord) -> None:
+        for journal in journals:
+            with handle_internal_errors(f"appending to the run journal {journal.path}"):
+                journal.append(record)
+
+    def finalise(self, timeout: float = 1.0) -> None:
+        """At exit (``SIGTERM``, interpreter exit): write what every run still being recorded
+        has, marked incomplete, and remove its journal. Gives up on a run rather than wait more
+        than ``timeout`` for a lock the interrupted code holds (its journal stays, and the next
+        start in that directory recovers it)."""
+        with handle_internal_errors("finalising runs at exit"):
+            if not self._journals or not self._lock.acquire(timeout=timeout):
+                return
+            try:
+                jobs: list[_Job] = []
+                for trace_id, entry in self._traces.items():
+                    if any(key[0] == trace_id for key in self._journals):
+                        jobs.extend(self._snapshot_jobs(trace_id, entry))
+                journals = dict(self._journals)
+                self._journals.clear()
+            finally:
+                self._lock.release()
+            self._write_all(jobs)
+            for journal in journals.values():
+                journal.close(remove=journal.bundle_path.exists(), timeout=timeout)
 
     def _path_for(self, trace_id: int, span_id: int | None, *, final: bool) -> Path | None:
         """The bundle path of a run or of the trace (caller holds the lock); None: not written."""
@@ -280,11 +395,16 @@ class SftraceSpanProcessor(SpanProcessor):
                 return
             if self._passes_through(span):
                 return
+            journals: list[RunJournal] = []
             with self._lock:
                 entry = self._entry(ctx.trace_id)
                 if entry is None or entry.size() >= self.max_spans_per_trace:
                     return  # counted as dropped when it ends
                 entry.open[ctx.span_id] = span
+                if self._journals:
+                    journals = self._journals_above(ctx.trace_id, entry, _local_parent(span))
+            if journals:  # a call that starts and never ends is a call without an outcome
+                self._append(journals, self._journal_record(span, None))
 
     def on_end(self, span: ReadableSpan) -> None:
         with handle_internal_errors("buffering a finished span"):
@@ -299,6 +419,7 @@ class SftraceSpanProcessor(SpanProcessor):
             is_local_root = _local_parent(span) is None
             is_run = kind == k.KIND_RUN
             jobs: list[_Job] = []
+            journals: list[RunJournal] = []
             with self._lock:
                 if (
                     self._passes_through(span)
@@ -306,9 +427,14 @@ class SftraceSpanProcessor(SpanProcessor):
                     and (ctx.trace_id, None) not in self._destinations
                 ):
                     return
+                entry = self._traces.get(ctx.trace_id)
+                if self._journals and entry is not None:
+                    journals = self._journals_above(ctx.trace_id, entry, _local_parent(span))
                 jobs = self._buffer(
                     span, ctx.trace_id, ctx.span_id, payloads, is_run, is_local_root
                 )
+            if journals:  # before the bundle: a kill while it is written loses nothing
+                self._append(journals, self._journal_record(span, payloads))
             self._write_all(jobs)
 
     def _buffer(
@@ -387,6 +513,12 @@ class SftraceSpanProcessor(SpanProcessor):
         parents = entry.parents()
         ids = grouping.subtree(parents, run_id)
         jobs = [] if path is None else [self._job(trace_id, entry, run_id, ids, path, final=True)]
+        journal = self._journals.pop((trace_id, run_id), None)
+        if journal is not None:
+            if jobs:
+                jobs[0].journal = journal
+            else:
+                journal.close(remove=True)
         if grouping.enclosing_run(parents, entry.kinds(), run_id) is None:
             # a nested run's spans stay for the outer run's bundle
             for span_id in ids:
@@ -468,14 +600,24 @@ class SftraceSpanProcessor(SpanProcessor):
             self._traces.clear()
             self._refused.clear()
             self._destinations.clear()
+            journals = list(self._journals.values())
+            self._journals.clear()
+        for journal in journals:  # the flushed snapshot now holds what the journal did
+            with handle_internal_errors(f"closing the run journal {journal.path}"):
+                journal.close(remove=journal.bundle_path.exists())
         self._handoff.detach()
 
     # -- writing ---------------------------------------------------------------------------------
 
     def _write_all(self, jobs: list[_Job]) -> None:
         for job in jobs:
+            written = False
             with handle_internal_errors(f"writing the bundle {job.path}"):
                 self._write(job)
+                written = True
+            if job.journal is not None:  # kept when the bundle could not be written
+                with handle_internal_errors(f"closing the run journal {job.journal.path}"):
+                    job.journal.close(remove=written)
 
     def _write(self, job: _Job) -> None:
         try:
@@ -508,3 +650,41 @@ class SftraceSpanProcessor(SpanProcessor):
                 trace_id,
                 self.stats.dropped_traces,
             )
+
+
+# -- exit handling ---------------------------------------------------------------------------------
+
+_LIVE: weakref.WeakSet[SftraceSpanProcessor] = weakref.WeakSet()
+_exit_lock = threading.Lock()
+_exit_watched = False
+
+
+def _finalise_all() -> None:
+    for processor in list(_LIVE):
+        processor.finalise()
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    """Finalise the runs being recorded, then die of the signal as if nothing was installed."""
+    _finalise_all()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _watch_for_exit(processor: SftraceSpanProcessor) -> None:
+    """Finalise ``processor``'s runs at interpreter exit, and on ``SIGTERM`` -- only when nothing
+    handles ``SIGTERM`` yet (the default action would kill the process without running exit
+    handlers): a handler of the program's own is never replaced, and it usually exits through
+    ``sys.exit``, which runs the exit handler. Installed from the main thread only (Python's
+    rule for signal handlers); from another thread, exit is still covered."""
+    global _exit_watched
+    _LIVE.add(processor)
+    with _exit_lock:
+        if _exit_watched:
+            return
+        _exit_watched = True
+        atexit.register(_finalise_all)
+        if threading.current_thread() is threading.main_thread():
+            with contextlib.suppress(ValueError, OSError):
+                if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                    signal.signal(signal.SIGTERM, _on_sigterm)

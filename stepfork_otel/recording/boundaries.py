@@ -577,6 +577,24 @@ def _return_type(fn: Callable[..., Any]) -> Any:
         return None
 
 
+def _tool_target(func: Any) -> tuple[str, Any, str | None]:
+    """``(name, annotated, refusal)`` for a callable given to ``@trace_tool``: the name its calls
+    are recorded under, the function whose return annotation types a replayed value (a
+    partial's function, a callable instance's ``__call__``), and why it cannot be a tool (None:
+    it can). A generator (sync or async) yields its results lazily, after the call returned,
+    so it is refused: recording it would record the generator object, not what it yields."""
+    target = func
+    while isinstance(target, functools.partial):
+        target = target.func
+    is_instance = not (inspect.isroutine(target) or inspect.isclass(target))
+    annotated = type(target).__call__ if is_instance else target
+    name = getattr(target, "__name__", None) or type(target).__name__
+    for probe in (func, annotated):
+        if inspect.isgeneratorfunction(probe) or inspect.isasyncgenfunction(probe):
+            return name, annotated, "a generator: what it yields comes after the call returns"
+    return name, annotated, None
+
+
 @overload
 def trace_tool(fn: Callable[P, R], /) -> Callable[P, R]: ...
 
@@ -604,17 +622,32 @@ def trace_tool(
     policy = ReplayPolicy.parse(replay_policy)
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
+        # Decorating never breaks the program: what cannot be a tool is returned unchanged,
+        # with a warning (its calls are then not recorded).
+        if isinstance(func, (classmethod, staticmethod)):  # @trace_tool above @classmethod
+            return typing.cast(Callable[P, R], type(func)(decorate(func.__func__)))
         if not callable(func):
             raise TypeError(f"@trace_tool expects a function, got {type(func).__name__}")
-        tool_name = name or func.__name__
-        signature = inspect.signature(func)
+        target_name, annotated, refusal = _tool_target(func)
+        tool_name = name or target_name
+        try:
+            signature = inspect.signature(func)
+        except (TypeError, ValueError) as exc:  # e.g. a builtin without a signature (dict)
+            refusal = f"its signature cannot be read ({exc})"
+        if refusal is not None:
+            logger.warning(
+                "@trace_tool: %r is left undecorated and its calls are not recorded: it is %s",
+                tool_name,
+                refusal if refusal.startswith("a ") else f"not traceable, {refusal}",
+            )
+            return func
         params = list(signature.parameters)
         skip_first = bool(params) and params[0] in ("self", "cls")
         resolved: list[Any] = []
 
         def output_type() -> Any:
             if not resolved:  # resolved on first call: forward references may not exist earlier
-                resolved.append(_return_type(func))
+                resolved.append(_return_type(annotated))
             return resolved[0]
 
         simple_bind = simple_binder(signature, skip_first)
@@ -632,11 +665,12 @@ def trace_tool(
                 internal_error("preparing a boundary call", strict=_in_replay())
                 return None
 
-        if inspect.iscoroutinefunction(func):
+        if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(annotated):
+            call_async = typing.cast(Callable[..., Awaitable[Any]], func)
 
             @functools.wraps(func)
             async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-                return await _run_async(prepare(args, kwargs), lambda: func(*args, **kwargs))
+                return await _run_async(prepare(args, kwargs), lambda: call_async(*args, **kwargs))
 
             return typing.cast(Callable[P, R], async_wrapper)
 

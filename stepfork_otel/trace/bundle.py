@@ -36,8 +36,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import gzip
 import hashlib
+import itertools
 import os
 import re
 import tempfile
@@ -55,6 +55,15 @@ from pydantic import ValidationError
 from stepfork_otel.constants import BUNDLE_SUFFIX, FORMAT_NAME, FORMAT_VERSION, GZIP_MAGIC
 from stepfork_otel.trace.checks import note_lines_fingerprint, raise_if_inconsistent
 from stepfork_otel.trace.errors import BundleError, BundleVersionError, Problem, quote
+from stepfork_otel.trace.journal import JOURNAL_MAGIC, read_journal
+from stepfork_otel.trace.limits import (
+    DEFAULT_LIMITS,
+    NotRegularFile,
+    ReadLimits,
+    json_depth_exceeds,
+    open_regular,
+    text_depth_exceeds,
+)
 from stepfork_otel.trace.models import (
     EVENT_ADAPTER,
     TRACE_ADAPTER,
@@ -67,8 +76,9 @@ from stepfork_otel.trace.models import (
     Trace,
 )
 
-#: A gzipped bundle may not expand beyond this many bytes (a hostile "zip bomb" stops here).
-MAX_DECOMPRESSED_BYTES = 2 * 1024**3
+#: A gzipped bundle may not expand beyond this many bytes by default (a hostile "zip bomb" stops
+#: here; see :class:`~stepfork_otel.trace.limits.ReadLimits`).
+MAX_DECOMPRESSED_BYTES = DEFAULT_LIMITS.max_decompressed_bytes
 
 
 def bundle_file_name(trace_id: str, tag: str | None = None, *, compressed: bool = False) -> str:
@@ -151,10 +161,15 @@ def _newer(path: str | os.PathLike[str] | None, version: int) -> BundleVersionEr
     )
 
 
-def parse_trace(data: bytes | str, path: str | os.PathLike[str] | None = None) -> Trace:
+def parse_trace(
+    data: bytes | str,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    limits: ReadLimits = DEFAULT_LIMITS,
+) -> Trace:
     """Validate bundle bytes into a :class:`Trace` (schema only; see :func:`validate_structure`)."""
     raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-    return _parse((raw[i : i + _CHUNK] for i in range(0, len(raw), _CHUNK)), path)
+    return _parse((raw[i : i + _CHUNK] for i in range(0, len(raw), _CHUNK)), path, limits)
 
 
 @contextlib.contextmanager
@@ -172,9 +187,13 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _parse(chunks: Iterable[bytes], path: str | os.PathLike[str] | None) -> Trace:
+def _parse(
+    chunks: Iterable[bytes],
+    path: str | os.PathLike[str] | None,
+    limits: ReadLimits = DEFAULT_LIMITS,
+) -> Trace:
     with gc_paused():
-        return _Reader(path).read(chunks)
+        return _Reader(path, limits).read(chunks)
 
 
 class _Reader:
@@ -184,8 +203,11 @@ class _Reader:
     the text between ``{"input":`` and the final ``}`` is the stored payload, decoded straight
     from the file's bytes."""
 
-    def __init__(self, path: str | os.PathLike[str] | None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None, limits: ReadLimits = DEFAULT_LIMITS
+    ) -> None:
         self.path = path
+        self.limits = limits
         self.head: dict[str, Any] | None = None
         self.run_payloads: dict[str, str] = {}
         self.in_run = True  # still reading the run's payload lines (after the header)
@@ -213,6 +235,8 @@ class _Reader:
         the 510 MB benchmark bundle); only a chunk that has one is rewritten. A CR anywhere else
         is an error."""
         partial: list[bytes] = []  # the start of a line cut by the end of a chunk
+        partial_len = 0  # its length (a line longer than the cap is refused as it grows)
+        max_line = self.limits.max_line_bytes
         held: bytes | None = None  # an event line kept back until its payload line is seen
         carry = b""  # a CR that ended the previous chunk (its LF may start this one)
         ended = 0  # the line breaks before this chunk (to number the line of a stray CR)
@@ -228,18 +252,27 @@ class _Reader:
             if b"\n" not in chunk:
                 if chunk:
                     partial.append(chunk)
+                    partial_len += len(chunk)
+                    if partial_len > max_line:
+                        raise self.line_too_long(ended + 1)
                     if self.head is None and not self.format_named:
                         self.check_first_line(partial)
                 continue
             lines = BytesIO(chunk).readlines()
             ended += len(lines)
             if partial:
+                if partial_len + len(lines[0]) > max_line + 1:
+                    raise self.line_too_long(ended - len(lines) + 1)
                 partial.append(lines[0])
                 lines[0] = b"".join(partial)
-                partial = []
+                partial, partial_len = [], 0
             if not lines[-1].endswith(b"\n"):
                 ended -= 1
                 partial.append(lines.pop())
+                partial_len = len(partial[0])
+            if max(map(len, lines), default=0) > max_line + 1:
+                n = next(i for i, line in enumerate(lines) if len(line) > max_line + 1)
+                raise self.line_too_long(ended - len(lines) + n + 1)
             if held is not None:
                 lines.insert(0, held)
                 held = None
@@ -255,6 +288,11 @@ class _Reader:
             lines.append(b"".join([*partial, b"\n"]))
         self.feed(lines, at_eof=True)
         return self.finish()
+
+    def line_too_long(self, line: int) -> BundleError:
+        return self.error(
+            f"longer than {self.limits.max_line_bytes} bytes (the line-length limit)", line
+        )
 
     def sniff(self, chunk: bytes, *, at_eof: bool) -> None:
         """Refuse a file that is no bundle at all (an image, random bytes, UTF-16 text) from its
@@ -358,6 +396,8 @@ class _Reader:
             raise self.error("not a .sftrace bundle (its first line is not JSON)") from None
         if not isinstance(head, dict) or head.get("format") != FORMAT_NAME:
             raise self.error('not a .sftrace bundle (no "format": "sftrace" field)')
+        if json_depth_exceeds(head, self.limits.max_json_depth):
+            raise self.too_deep(1)
         version = head.get("format_version")
         if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
             raise _newer(self.path, version)
@@ -368,6 +408,12 @@ class _Reader:
             raise self.error("the run's input/output belong on their own lines", 1)
         self.head = head
         self.lines_hash.update(line)
+
+    def too_deep(self, line: int) -> BundleError:
+        return self.error(
+            f"JSON nested deeper than {self.limits.max_json_depth} levels (the nesting limit)",
+            line,
+        )
 
     def payload_text(self, line: bytes, offset: int, lineno: int) -> str:
         if not line.endswith(b"}\n"):
@@ -382,6 +428,8 @@ class _Reader:
         if key in self.run_payloads or (key == "input" and "output" in self.run_payloads):
             raise self.error(f"a second run {key} (run input, then run output)", lineno)
         text = self.payload_text(line, len(_P_IN) if key == "input" else len(_P_OUT), lineno)
+        if text_depth_exceeds(line, self.limits.max_json_depth + 1):
+            raise self.too_deep(lineno)
         run = self.head.get("run") if self.head else None
         if not (isinstance(run, dict) and isinstance(run.get(f"{key}_sha256"), str)):
             self.check_json(text, lineno)
@@ -465,6 +513,10 @@ class _Reader:
                     f"{owner.type} event",
                     self.event_line(kinds, batch.index(owner)) + 1,
                 )
+            depth = self.limits.max_json_depth + 1  # (the line's own {"input": ...} is a level)
+            if any(map(text_depth_exceeds, payload_lines, repeat(depth))):
+                n = next(i for i, ln in enumerate(payload_lines) if text_depth_exceeds(ln, depth))
+                raise self.too_deep(self.payload_line(kinds, key, n))
             if not all(map(bytes.endswith, payload_lines, repeat(b"}\n"))):
                 n = next(i for i, line in enumerate(payload_lines) if not line.endswith(b"}\n"))
                 raise self.error(
@@ -560,9 +612,13 @@ class _Reader:
         return trace
 
 
-def _file_chunks(path: Path) -> Iterator[bytes]:
+def _file_chunks(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[bytes]:
     try:
-        handle = path.open("rb")
+        handle = open_regular(path)
+    except NotRegularFile as exc:
+        if exc.reason.startswith("is a directory"):
+            raise BundleError(path, "is a directory, not a .sftrace bundle") from None
+        raise BundleError(path, f"{exc.reason}; only regular files are read") from None
     except IsADirectoryError:
         raise BundleError(path, "is a directory, not a .sftrace bundle") from None
     except FileNotFoundError:
@@ -577,7 +633,7 @@ def _file_chunks(path: Path) -> Iterator[bytes]:
         except OSError as exc:
             raise BundleError(path, f"cannot read: {exc.strerror or exc}") from None
         if first.startswith(GZIP_MAGIC):
-            yield from _gunzip_chunks(first, handle, path)
+            yield from _gunzip_chunks(first, handle, path, limits.max_decompressed_bytes)
             return
         chunk = first
         while chunk:
@@ -585,10 +641,12 @@ def _file_chunks(path: Path) -> Iterator[bytes]:
             chunk = handle.read(_CHUNK)
 
 
-def _gunzip_chunks(first: bytes, handle: Any, path: Path) -> Iterator[bytes]:
-    """Every gzip member, expanded a chunk at a time and at most to
-    :data:`MAX_DECOMPRESSED_BYTES` in all (a hostile "zip bomb" stops there)."""
-    room = MAX_DECOMPRESSED_BYTES
+def _gunzip_chunks(
+    first: bytes, handle: Any, path: Path, cap: int = MAX_DECOMPRESSED_BYTES
+) -> Iterator[bytes]:
+    """Every gzip member, expanded a chunk at a time and at most to ``cap`` bytes in all (a
+    hostile "zip bomb" stops there)."""
+    room = cap
     decompressor = zlib.decompressobj(wbits=31)
     data = first
     try:
@@ -603,7 +661,7 @@ def _gunzip_chunks(first: bytes, handle: Any, path: Path) -> Iterator[bytes]:
                 decompressor = zlib.decompressobj(wbits=31)
             out = decompressor.decompress(data, min(room + 1, 4 * _CHUNK))
             if len(out) > room:
-                raise BundleError(path, f"expands beyond {MAX_DECOMPRESSED_BYTES} bytes")
+                raise BundleError(path, f"expands beyond {cap} bytes (the decompressed-size limit)")
             room -= len(out)
             data = decompressor.unconsumed_tail or (
                 decompressor.unused_data if decompressor.eof else b""
@@ -614,14 +672,15 @@ def _gunzip_chunks(first: bytes, handle: Any, path: Path) -> Iterator[bytes]:
         raise BundleError(path, f"corrupt gzip data ({exc})") from None
 
 
-def read_trace(source: str | os.PathLike[str]) -> Trace:
+def read_trace(source: str | os.PathLike[str], *, limits: ReadLimits = DEFAULT_LIMITS) -> Trace:
     """Read and parse a bundle file without the structural checks of :func:`load_trace` (for
     ``stepfork validate``, which lists every problem rather than stopping at the first)."""
-    path = Path(source)
-    return _parse(_file_chunks(path), path)
+    return _read(Path(source), limits)
 
 
-def schema_problems(source: str | os.PathLike[str]) -> list[Problem]:
+def schema_problems(
+    source: str | os.PathLike[str], *, limits: ReadLimits = DEFAULT_LIMITS
+) -> list[Problem]:
     """Every schema problem of a bundle, each tied to its event (None: the header), for
     ``stepfork validate``. Each line is validated on its own, in pydantic's lax mode (as the
     messages say); an empty list means the bundle's trouble is of another kind (see the
@@ -630,7 +689,8 @@ def schema_problems(source: str | os.PathLike[str]) -> list[Problem]:
     problems: list[Problem] = []
     last = b""
     try:
-        for number, line in enumerate(_plain_lines(_file_chunks(Path(source))), start=1):
+        lines = _plain_lines(_file_chunks(Path(source), limits), limits.max_line_bytes)
+        for number, line in enumerate(lines, start=1):
             if line:
                 last = line
             if number == 1:
@@ -640,6 +700,8 @@ def schema_problems(source: str | os.PathLike[str]) -> list[Problem]:
                     return []
                 if not (isinstance(head, dict) and head.get("format") == FORMAT_NAME):
                     return []  # not a bundle
+                if json_depth_exceeds(head, limits.max_json_depth):
+                    return []  # (read_trace says so)
                 try:
                     TRACE_ADAPTER.validate_json(line)
                 except ValidationError as exc:
@@ -663,17 +725,21 @@ def schema_problems(source: str | os.PathLike[str]) -> list[Problem]:
     return problems
 
 
-def _plain_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+def _plain_lines(chunks: Iterable[bytes], max_line: int) -> Iterator[bytes]:
     """The lines of a file without their line breaks (LF or CRLF), one at a time, for the slow
     paths (the reader cuts lines its own way); no empty line after the last line break. Stops
     with a :class:`BundleError` at a first line that runs past :data:`_SNIFF_BYTES` without
     naming the format."""
     rest: list[bytes] = []
+    rest_len = 0
     first = True
     for chunk in chunks:
         pieces = chunk.split(b"\n")
         if len(pieces) == 1:
             rest.append(chunk)
+            rest_len += len(chunk)
+            if rest_len > max_line:
+                raise BundleError(None, "a line longer than the line-length limit")
             if first and sum(map(len, rest)) >= _SNIFF_BYTES:
                 if not _FORMAT_FIELD.search(b"".join(rest), 0, _SNIFF_BYTES):
                     raise BundleError(None, "not a .sftrace bundle")
@@ -681,6 +747,7 @@ def _plain_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
             continue
         pieces[0] = b"".join([*rest, pieces[0]])
         rest = [pieces.pop()]
+        rest_len = len(rest[0])
         first = False
         for piece in pieces:
             yield piece.removesuffix(b"\r")
@@ -701,14 +768,26 @@ def _schema_problem(event_id: str | None, err: Any, tag: object) -> Problem:
     return Problem(event_id, f"{where}: {err['msg']}")
 
 
-def load_trace(source: str | os.PathLike[str]) -> Trace:
+def load_trace(source: str | os.PathLike[str], *, limits: ReadLimits = DEFAULT_LIMITS) -> Trace:
     """Read, parse and structurally validate a bundle file, a chunk at a time. Fingerprints are
     checked separately (:func:`verify_integrity`) because replay and ``validate
-    --verify-integrity`` want it, while ``show`` does not."""
+    --verify-integrity`` want it, while ``show`` does not. ``limits``: what the read may cost
+    (:class:`~stepfork_otel.trace.limits.ReadLimits`; a file beyond them is a
+    :class:`BundleError`)."""
     path = Path(source)
-    trace = _parse(_file_chunks(path), path)
+    trace = _read(path, limits)
     raise_if_inconsistent(trace, path)
     return trace
+
+
+def _read(path: Path, limits: ReadLimits) -> Trace:
+    """A bundle file, or the journal of a run whose process died
+    (:mod:`~stepfork_otel.trace.journal`), as a Trace."""
+    chunks = _file_chunks(path, limits)
+    first = next(chunks, b"")
+    if first.startswith(JOURNAL_MAGIC):
+        return read_journal(itertools.chain([first], chunks), path, limits=limits)
+    return _parse(itertools.chain([first], chunks), path, limits)
 
 
 def dump_trace(trace: Trace) -> bytes:
@@ -718,37 +797,66 @@ def dump_trace(trace: Trace) -> bytes:
     then each event: ``i`` / ``o`` when a payload line follows, ``-`` when none. Every field
     outside the payloads is in those lines; the payload texts are covered by their own
     fingerprints, which are in those lines too."""
+    return b"".join(_dump_pieces(trace))
+
+
+#: Bytes gathered before one write when a bundle is saved (the bundle is never whole in memory).
+_WRITE_BATCH = 1 << 20
+
+
+def _dump_pieces(trace: Trace) -> Iterator[bytes]:
+    """:func:`dump_trace`'s bytes, piece by piece (``save_trace`` writes them as they come: a
+    600 MB bundle joined whole, and its encoded payloads beside it, cost twice its size)."""
     head = trace.model_dump(mode="json", exclude={"events"}, exclude_none=True)
     run = head.get("run", {})
     run_input, run_output = run.pop("input", None), run.pop("output", None)
     head_line = orjson.dumps(head) + b"\n"
-    parts = [head_line]
+    yield head_line
     payload_map = [b"-" if run_input is None else b"i", b"-" if run_output is None else b"o"]
     if run_input is not None:
-        parts += [_P_IN, _payload_bytes(run_input, "run input"), b"}\n"]
+        yield b"".join([_P_IN, _payload_bytes(run_input, "run input"), b"}\n"])
     if run_output is not None:
-        parts += [_P_OUT, _payload_bytes(run_output, "run output"), b"}\n"]
+        yield b"".join([_P_OUT, _payload_bytes(run_output, "run output"), b"}\n"])
     dump = EVENT_ADAPTER.dump_json  # in Rust, in declared field order (type and id first)
     no_input, no_output = {"input"}, {"output"}
     lines_hash = hashlib.sha256(head_line)
     for event in trace.events:
         if isinstance(event, (ToolCall, LlmRequest)):
             line = dump(event, exclude_none=True, exclude=no_input) + b"\n"
-            parts.append(line)
+            yield line
             if event.input is not None:
-                parts += [_P_IN, _payload_bytes(event.input, event.id), b"}\n"]
+                yield b"".join([_P_IN, _payload_bytes(event.input, event.id), b"}\n"])
             payload_map.append(b"-" if event.input is None else b"i")
         else:
             line = dump(event, exclude_none=True, exclude=no_output) + b"\n"
-            parts.append(line)
+            yield line
             if event.output is not None:
-                parts += [_P_OUT, _payload_bytes(event.output, event.id), b"}\n"]
+                yield b"".join([_P_OUT, _payload_bytes(event.output, event.id), b"}\n"])
             payload_map.append(b"-" if event.output is None else b"o")
         lines_hash.update(line)
     lines_hash.update(b"".join(payload_map))
     end = {"end": FORMAT_NAME, "events": len(trace.events), "lines_sha256": lines_hash.hexdigest()}
-    parts += [orjson.dumps(end), b"\n"]
-    return b"".join(parts)
+    yield orjson.dumps(end) + b"\n"
+
+
+def _batches(pieces: Iterable[bytes], compress: bool) -> Iterator[bytes]:
+    """``pieces`` gathered into writes of about :data:`_WRITE_BATCH` bytes, gzipped (level 6,
+    no timestamp, as ``gzip.compress`` would) when ``compress``."""
+    packer = zlib.compressobj(6, zlib.DEFLATED, 31) if compress else None
+    gathered: list[bytes] = []
+    size = 0
+    for piece in pieces:
+        gathered.append(piece)
+        size += len(piece)
+        if size >= _WRITE_BATCH:
+            data = b"".join(gathered)
+            gathered, size = [], 0
+            yield data if packer is None else packer.compress(data)
+    data = b"".join(gathered)
+    if packer is None:
+        yield data
+    else:
+        yield packer.compress(data) + packer.flush()
 
 
 def _payload_bytes(text: str, owner: str) -> bytes:
@@ -761,13 +869,14 @@ def save_trace(trace: Trace, destination: str | os.PathLike[str]) -> Path:
     """Write a bundle atomically: a temporary file in the same folder, then a rename."""
     path = Path(destination)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = dump_trace(trace)
-    if path.name.endswith(".gz"):
-        data = gzip.compress(data, compresslevel=6, mtime=0)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # (the pid in the name tells a leftover of a dead process from a write under way)
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{path.name}.{os.getpid()}.", suffix=TMP_SUFFIX, dir=path.parent
+    )
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            for data in _batches(_dump_pieces(trace), path.name.endswith(".gz")):
+                handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -775,6 +884,9 @@ def save_trace(trace: Trace, destination: str | os.PathLike[str]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+TMP_SUFFIX = ".tmp"
 
 
 def load_any(source: Trace | str | os.PathLike[str] | Any) -> Trace:

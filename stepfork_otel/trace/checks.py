@@ -408,7 +408,7 @@ def _model_fingerprint_matches(
     return Problem(
         event.id,
         f"model fingerprint mismatch: stored {short_fingerprint(event.model_fingerprint)}, "
-        f"{event.provider}/{event.model} ({event.operation}) hashes to "
+        f"{quote(f'{event.provider}/{event.model}')} ({quote(event.operation)}) hashes to "
         f"{short_fingerprint(computed)}",
     )
 

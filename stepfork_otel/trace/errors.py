@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import reprlib
 from dataclasses import dataclass
 
 #: Longest excerpt of a bundle's own data (a key, a tag, an id) quoted in an error message.
@@ -19,9 +20,14 @@ def one_line(text: str) -> str:
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel = 3  # (str() of a 1,000-deep list from a hostile bundle recurses too far)
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = MAX_QUOTED_CHARS
+
+
 def quote(value: object) -> str:
     """A short one-line excerpt of a value taken from the bundle, for an error message."""
-    text = str(value)
+    text = _SHORT_REPR.repr(value) if isinstance(value, (list, dict, tuple)) else str(value)
     if len(text) > MAX_QUOTED_CHARS:
         text = text[: MAX_QUOTED_CHARS - 1] + "…"
     return one_line(text)

@@ -68,6 +68,7 @@ import logging
 import os
 import re
 import typing
+import zlib
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -84,6 +85,14 @@ from stepfork_otel.trace.conversion import (
     parents_and_kinds,
     spans_to_trace,
     top_level_runs,
+)
+from stepfork_otel.trace.limits import (
+    DEFAULT_LIMITS,
+    NotRegularFile,
+    ReadLimits,
+    json_depth_exceeds,
+    open_regular,
+    text_depth_exceeds,
 )
 from stepfork_otel.trace.models import Trace
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR, Redactor
@@ -164,6 +173,9 @@ class ImportReport:
     base64_ids: bool = False
     """Ids were written base64 (protobuf's JSON mapping) and were decoded."""
     problems: list[ImportProblem] = field(default_factory=list)
+    skipped_spans: int = 0
+    """Spans that could not be decoded (each named in ``problems``; their traces are marked
+    incomplete, every other span and run is imported)."""
     max_traces_in_flight: int = 0
     """Most traces buffered at once (the streaming bound, see the module docstring)."""
     max_spans_in_flight: int = 0
@@ -183,14 +195,28 @@ def _as_str(raw: Any) -> str:
     return raw
 
 
+_INT_RANGE = range(-(2**63), 2**64)  # int64 values and uint64 times
+
+
 def _as_int(raw: Any, what: str = "intValue") -> int:
     # (u)int64 is a decimal string in OTLP JSON; some writers use a JSON number
     if isinstance(raw, bool) or not isinstance(raw, (int, str)):
-        raise _BadSpan(f"{what} {raw!r} is not an integer")
+        raise _BadSpan(f"{what} {_short(raw)} is not an integer")
+    if isinstance(raw, str) and len(raw) > 21:  # (int() of a huge digit string is quadratic)
+        raise _BadSpan(f"{what} {_short(raw)} is not a 64-bit integer")
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
-        raise _BadSpan(f"{what} {raw!r} is not an integer") from None
+        raise _BadSpan(f"{what} {_short(raw)} is not an integer") from None
+    if value not in _INT_RANGE:
+        raise _BadSpan(f"{what} {_short(raw)} is not a 64-bit integer")
+    return value
+
+
+def _short(raw: Any) -> str:
+    """A value from the input as an error message quotes it: ``repr``, at most 80 characters."""
+    text = repr(raw) if not isinstance(raw, (dict, list)) else type(raw).__name__
+    return text if len(text) <= 80 else text[:79] + "…"
 
 
 def _as_float(raw: Any) -> float:
@@ -303,7 +329,22 @@ def _get(obj: Mapping[str, Any], camel: str, snake: str) -> Any:
 
 
 def _uint64(raw: Any, what: str) -> int:
-    return 0 if raw is None else _as_int(raw, what)
+    value = 0 if raw is None else _as_int(raw, what)
+    if value < 0:
+        raise _BadSpan(f"{what} {_short(raw)} is negative")
+    return value
+
+
+def _enum(table: Mapping[int | str, str], raw: Any, default: str) -> str:
+    """An OTLP enum (a number or its proto-JSON name) looked up in ``table``; anything else in
+    its place (a list, an object) is the default, as an unknown number is."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+        return default
+    return table.get(raw, default)
+
+
+#: Payload attributes: canonical JSON text, which never holds a raw line break.
+_PAYLOAD_TEXTS = (k.INPUT, k.OUTPUT)
 
 
 @dataclass(slots=True)
@@ -311,6 +352,9 @@ class _Decoded:
     record: SpanRecord
     base64_ids: bool
     dropped_attributes: int
+    damaged_payloads: tuple[str, ...] = ()
+    """Payload attributes dropped because they are not canonical JSON text (imported as
+    missing)."""
 
 
 def decode_span(span: Any) -> _Decoded:
@@ -328,11 +372,20 @@ def decode_span(span: Any) -> _Decoded:
             parent_span_id = None
     if trace_id == "0" * 32 or span_id == "0" * 16:
         raise _BadSpan("all-zero trace or span id")
-    kind = _SPAN_KINDS.get(span.get("kind", 0), "INTERNAL")
+    kind = _enum(_SPAN_KINDS, span.get("kind", 0), "INTERNAL")
     status = span.get("status") or {}
     code = status.get("code", 0) if isinstance(status, dict) else 0
     end = _uint64(_get(span, "endTimeUnixNano", "end_time_unix_nano"), "endTimeUnixNano")
     name = span.get("name", "")
+    attributes = decode_attributes(span.get("attributes", []))
+    damaged = tuple(
+        key
+        for key in _PAYLOAD_TEXTS
+        if isinstance(attributes.get(key), str)
+        and ("\n" in attributes[key] or "\r" in attributes[key])
+    )
+    for key in damaged:
+        del attributes[key]
     record = SpanRecord(
         trace_id=trace_id,
         span_id=span_id,
@@ -343,14 +396,15 @@ def decode_span(span: Any) -> _Decoded:
             _get(span, "startTimeUnixNano", "start_time_unix_nano"), "startTimeUnixNano"
         ),
         end_time_unix_nano=end or None,
-        status=_STATUS_CODES.get(code, "unset"),
-        attributes=decode_attributes(span.get("attributes", [])),
+        status=_enum(_STATUS_CODES, code, "unset"),
+        attributes=attributes,
     )
     dropped = _get(span, "droppedAttributesCount", "dropped_attributes_count")
     return _Decoded(
         record,
         b64_trace or b64_span or b64_parent,
         dropped if isinstance(dropped, int) and not isinstance(dropped, bool) else 0,
+        damaged,
     )
 
 
@@ -364,7 +418,11 @@ def _spans_of(data: Mapping[str, Any]) -> Iterator[Any]:
         scopes = _get(resource, "scopeSpans", "scope_spans")
         if scopes is None:  # collectors before OTLP 0.19 wrote instrumentationLibrarySpans
             scopes = _get(resource, "instrumentationLibrarySpans", "instrumentation_library_spans")
-        for scope in scopes or []:
+        if scopes is None:
+            continue
+        if not isinstance(scopes, list):
+            raise _BadSpan("scopeSpans is not a list")
+        for scope in scopes:
             spans = scope.get("spans", []) if isinstance(scope, dict) else None
             if not isinstance(spans, list):
                 raise _BadSpan("a scopeSpans entry has no list of spans")
@@ -416,27 +474,108 @@ class _MemorySource(_Source):
         return iter(self._records)
 
 
-class _FileSource(_Source):
-    """A file on disk. The first read notes its size; later reads stop there, so lines a collector
-    appends meanwhile are not half-seen."""
+class _Capped:
+    """A binary stream read through the caps of :class:`ReadLimits`: lines no longer than
+    ``max_line_bytes``, and (gzip) no more than ``max_decompressed_bytes`` expanded in all. Any
+    failure of the stream (a truncated or corrupt gzip) is an :class:`OtlpImportError`."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, name: str, raw: IO[bytes], limits: ReadLimits, compressed: bool) -> None:
+        self.name = name
+        self.raw = raw
+        self.limits = limits
+        self.compressed = compressed
+        self.handle: IO[bytes] = (
+            typing.cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb")) if compressed else raw
+        )
+        self.expanded = 0
+
+    def __enter__(self) -> _Capped:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.close()
+        self.raw.close()
+
+    def _count(self, data: bytes) -> bytes:
+        self.expanded += len(data)
+        if self.compressed and self.expanded > self.limits.max_decompressed_bytes:
+            raise OtlpImportError(
+                f"{self.name}: expands beyond {self.limits.max_decompressed_bytes} bytes "
+                "(the decompressed-size limit)"
+            )
+        return data
+
+    def _failed(self, exc: Exception) -> OtlpImportError:
+        what = "truncated gzip data" if isinstance(exc, EOFError) else f"cannot read: {exc}"
+        return OtlpImportError(f"{self.name}: {what}")
+
+    def readline(self) -> bytes:
+        cap = self.limits.max_line_bytes
+        try:
+            line = self.handle.readline(cap + 1)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise self._failed(exc) from None
+        if len(line) > cap and not line.endswith(b"\n"):
+            raise OtlpImportError(
+                f"{self.name}: a line longer than {cap} bytes (the line-length limit)"
+            )
+        return self._count(line)
+
+    def read(self, size: int) -> bytes:
+        try:
+            return self._count(self.handle.read(size))
+        except (OSError, EOFError, zlib.error) as exc:
+            raise self._failed(exc) from None
+
+    def rewind(self) -> None:
+        try:
+            self.handle.seek(0)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise self._failed(exc) from None
+        self.expanded = 0
+
+    def lines(self) -> Iterator[bytes]:
+        while True:
+            line = self.readline()
+            if not line:
+                return
+            yield line
+
+
+class _FileSource(_Source):
+    """A file on disk (a regular file only). The first read notes its size; later reads stop
+    there, so lines a collector appends meanwhile are not half-seen."""
+
+    def __init__(self, path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> None:
         self.path = path
         self.name = str(path)
+        self.limits = limits
         self._limit: int | None = None
         self._whole: bool | None = None
 
-    def _open(self) -> IO[bytes]:
+    def _open(self) -> _Capped:
         try:
-            handle = self.path.open("rb")
+            handle = open_regular(self.path)
+        except NotRegularFile as exc:
+            if exc.reason.startswith("is a directory"):
+                raise OtlpImportError(
+                    f"{self.name}: is a directory, not an OTLP JSON file"
+                ) from None
+            raise OtlpImportError(
+                f"{self.name}: {exc.reason}; only regular files are read"
+            ) from None
         except FileNotFoundError:
             raise OtlpImportError(f"{self.name}: no such file") from None
         except IsADirectoryError:
             raise OtlpImportError(f"{self.name}: is a directory, not an OTLP JSON file") from None
         except OSError as exc:
             raise OtlpImportError(f"{self.name}: cannot read: {exc.strerror or exc}") from None
-        head = handle.read(64)
-        handle.seek(0)
+        try:
+            head = handle.read(64)
+            handle.seek(0)
+        except OSError as exc:
+            handle.close()
+            raise OtlpImportError(f"{self.name}: cannot read: {exc.strerror or exc}") from None
         if head.startswith(_ZSTD_MAGIC):
             handle.close()
             raise OtlpImportError(
@@ -444,28 +583,33 @@ class _FileSource(_Source):
                 "decompress it first (zstd -d)"
             )
         if head.startswith(k.GZIP_MAGIC):
-            handle.close()
-            return typing.cast(IO[bytes], gzip.open(self.path, "rb"))
+            return _Capped(self.name, handle, self.limits, compressed=True)
         if b"\x00" in head:  # JSON text never holds a NUL byte
             handle.close()
             raise OtlpImportError(
                 f"{self.name}: binary data, not OTLP JSON (a file exporter with format: proto "
                 "writes this; configure format: json)"
             )
-        return handle
+        return _Capped(self.name, handle, self.limits, compressed=False)
 
     def records(self) -> Iterator[_Record]:
         with self._open() as handle:
             if self._whole is None:
                 self._whole = self._is_whole_body(handle)
-                handle.seek(0)
+                handle.rewind()
             if self._whole:
-                data = handle.read() if self._limit is None else handle.read(self._limit)
+                cap = min(MAX_WHOLE_FILE_BYTES, self.limits.max_line_bytes)
+                data = handle.read(cap + 1 if self._limit is None else self._limit)
+                if len(data) > cap:
+                    raise OtlpImportError(
+                        f"{self.name}: a request body larger than {cap} bytes (the line-length "
+                        "limit)"
+                    )
                 self._limit = len(data)
                 yield _Record(self.name, data)
                 return
             read = 0
-            for n, line in enumerate(handle, start=1):
+            for n, line in enumerate(handle.lines(), start=1):
                 if self._limit is not None and read + len(line) > self._limit:
                     line = line[: self._limit - read]
                 read += len(line)
@@ -475,10 +619,10 @@ class _FileSource(_Source):
                     break
             self._limit = read
 
-    def _is_whole_body(self, handle: IO[bytes]) -> bool:
+    def _is_whole_body(self, handle: _Capped) -> bool:
         """A request body: the first line is not a JSON object by itself but the file is."""
         first = b""
-        for line in handle:
+        for line in handle.lines():
             if line.strip():
                 first = line
                 break
@@ -487,15 +631,13 @@ class _FileSource(_Source):
                 return False
         except orjson.JSONDecodeError:
             pass
-        try:
-            size = self.path.stat().st_size
-        except OSError:
+        handle.rewind()
+        cap = min(MAX_WHOLE_FILE_BYTES, self.limits.max_line_bytes)
+        data = handle.read(cap + 1)
+        if len(data) > cap:
             return False
-        if size > MAX_WHOLE_FILE_BYTES:
-            return False
-        handle.seek(0)
         try:
-            return isinstance(orjson.loads(handle.read()), dict)
+            return isinstance(orjson.loads(data), dict)
         except orjson.JSONDecodeError:
             return False
 
@@ -505,13 +647,13 @@ OtlpSource: TypeAlias = "str | os.PathLike[str] | bytes | Mapping[str, Any] | It
 bytes) or parsed dicts."""
 
 
-def _source(source: OtlpSource) -> _Source:
+def _source(source: OtlpSource, limits: ReadLimits = DEFAULT_LIMITS) -> _Source:
     if isinstance(source, os.PathLike):
-        return _FileSource(Path(source))
+        return _FileSource(Path(source), limits)
     if isinstance(source, str):
         if source.lstrip().startswith("{"):
             return _MemorySource("<text>", _split_text("<text>", source.encode("utf-8")))
-        return _FileSource(Path(source))
+        return _FileSource(Path(source), limits)
     if isinstance(source, (bytes, bytearray)):
         return _MemorySource("<bytes>", _split_text("<bytes>", bytes(source)))
     if isinstance(source, Mapping):
@@ -595,8 +737,15 @@ def _index(sources: list[_Source]) -> _Index:
 class _Assembler:
     """Pass 2: parse records in order, buffer spans by trace, hand finished traces on."""
 
-    def __init__(self, report: ImportReport, redactor: Redactor, keep: str | None = None) -> None:
+    def __init__(
+        self,
+        report: ImportReport,
+        redactor: Redactor,
+        keep: str | None = None,
+        limits: ReadLimits = DEFAULT_LIMITS,
+    ) -> None:
         self.report = report
+        self.limits = limits
         self.redactor = redactor
         self.keep = keep
         self.building: dict[str, dict[str, SpanRecord]] = {}
@@ -613,6 +762,14 @@ class _Assembler:
         report = self.report
         report.lines += 1
         data = record.data
+        depth = self.limits.max_json_depth
+        if (
+            text_depth_exceeds(data, depth)
+            if not isinstance(data, Mapping)
+            else json_depth_exceeds(data, depth)
+        ):
+            self._damaged(record, f"JSON nested deeper than {depth} levels; line skipped")
+            return
         if not isinstance(data, Mapping):
             try:
                 data = orjson.loads(data)
@@ -640,10 +797,20 @@ class _Assembler:
         for n, raw in enumerate(spans, start=1):
             try:
                 decoded = decode_span(raw)
-            except _BadSpan as exc:
+            except Exception as exc:  # one span that cannot be read never stops the others
+                why = (
+                    str(exc) if isinstance(exc, _BadSpan) else f"unreadable ({type(exc).__name__})"
+                )
                 ids = _ids_in({"resourceSpans": [{"scopeSpans": [{"spans": [raw]}]}]})
-                self._problem(record.where, f"span {n} skipped: {exc}", lost=ids)
+                self.report.skipped_spans += 1
+                self._problem(record.where, f"span {n} skipped: {why}", lost=ids)
                 continue
+            for key in decoded.damaged_payloads:
+                self._problem(
+                    record.where,
+                    f"span {n}: {key} is not canonical JSON text (it holds a line break); "
+                    "imported as missing",
+                )
             self._add(decoded)
         report.max_traces_in_flight = max(report.max_traces_in_flight, len(self.building))
         report.max_spans_in_flight = max(report.max_spans_in_flight, self.in_flight)
@@ -759,9 +926,11 @@ def _check_any_trace_data(assembler: _Assembler, sources: list[_Source]) -> None
         )
 
 
-def _iter_all(sources: list[_Source], report: ImportReport, redactor: Redactor) -> Iterator[Trace]:
+def _iter_all(
+    sources: list[_Source], report: ImportReport, redactor: Redactor, limits: ReadLimits
+) -> Iterator[Trace]:
     index = _index(sources)
-    assembler = _Assembler(report, redactor)
+    assembler = _Assembler(report, redactor, limits=limits)
     assembler.lost_by_all = list(index.anonymous_damage)
     closing = index.closing()
     end, trace_id = next(closing, (0, ""))
@@ -776,9 +945,13 @@ def _iter_all(sources: list[_Source], report: ImportReport, redactor: Redactor) 
 
 
 def _one_trace(
-    sources: list[_Source], trace_id: str, report: ImportReport, redactor: Redactor
+    sources: list[_Source],
+    trace_id: str,
+    report: ImportReport,
+    redactor: Redactor,
+    limits: ReadLimits,
 ) -> list[Trace]:
-    assembler = _Assembler(report, redactor, keep=trace_id)
+    assembler = _Assembler(report, redactor, keep=trace_id, limits=limits)
     for record in _read_sources(sources, report):
         assembler.feed(record)
     _check_any_trace_data(assembler, sources)
@@ -826,6 +999,7 @@ def iter_traces_from_otlp_json(
     trace_id: str | None = None,
     report: ImportReport | None = None,
     redactor: Redactor | None = None,
+    limits: ReadLimits = DEFAULT_LIMITS,
 ) -> Iterator[Trace]:
     """Every recorded run in OTLP JSON files, one :class:`Trace` each, streaming (see the module
     docstring): a run is yielded as soon as the last line holding spans of its trace is read.
@@ -836,13 +1010,20 @@ def iter_traces_from_otlp_json(
     file that cannot be read raises :class:`OtlpImportError` before anything is yielded.
     ``redactor``: the redaction rules the recording process used (default: the built-in rules);
     the conversion applies them to the application's span names it keeps as context, so with
-    the same rules the imported bundle is the bundle the process wrote.
+    the same rules the imported bundle is the bundle the process wrote. ``limits``: what the
+    read may cost (:class:`~stepfork_otel.trace.limits.ReadLimits`; beyond them the import is an
+    :class:`OtlpImportError` raised before anything is yielded).
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    sources: list[_Source] = [_FileSource(Path(p)) for p in paths]
+    sources: list[_Source] = [_FileSource(Path(p), limits) for p in paths]
     yield from _iter_sources(
-        sources, trace_id, report, redactor or DEFAULT_REDACTOR, log_problems=report is None
+        sources,
+        trace_id,
+        report,
+        redactor or DEFAULT_REDACTOR,
+        limits,
+        log_problems=report is None,
     )
 
 
@@ -851,6 +1032,7 @@ def _iter_sources(
     trace_id: str | None,
     report: ImportReport | None,
     redactor: Redactor,
+    limits: ReadLimits = DEFAULT_LIMITS,
     *,
     log_problems: bool,
 ) -> Iterator[Trace]:
@@ -858,9 +1040,9 @@ def _iter_sources(
     seen_problems = len(report.problems)
     try:
         if trace_id is not None:
-            yield from _one_trace(sources, _trace_id_arg(trace_id), report, redactor)
+            yield from _one_trace(sources, _trace_id_arg(trace_id), report, redactor, limits)
         else:
-            yield from _iter_all(sources, report, redactor)
+            yield from _iter_all(sources, report, redactor, limits)
     finally:
         if log_problems:  # a caller with its own report shows the problems itself
             for problem in report.problems[seen_problems:]:
@@ -868,7 +1050,11 @@ def _iter_sources(
 
 
 def trace_from_otlp_json(
-    source: OtlpSource, trace_id: str | None = None, *, redactor: Redactor | None = None
+    source: OtlpSource,
+    trace_id: str | None = None,
+    *,
+    redactor: Redactor | None = None,
+    limits: ReadLimits = DEFAULT_LIMITS,
 ) -> Trace:
     """One recorded run from OTLP JSON: a path, the text or bytes of a file or request body, a
     parsed ``TracesData`` dict, or an iterable of lines or dicts.
@@ -878,11 +1064,11 @@ def trace_from_otlp_json(
     Problems in the input are logged; a run that lost spans to them comes back marked incomplete.
     ``redactor``: as for :func:`iter_traces_from_otlp_json`.
     """
-    sources = [_source(source)]
+    sources = [_source(source, limits)]
     report = ImportReport()
     found: list[Trace] = []
     for trace in _iter_sources(
-        sources, trace_id, report, redactor or DEFAULT_REDACTOR, log_problems=True
+        sources, trace_id, report, redactor or DEFAULT_REDACTOR, limits, log_problems=True
     ):
         found.append(trace)
         if len(found) > _MAX_IDS_SHOWN:

@@ -1,0 +1,430 @@
+"""Hostile input, as an operator met it (issue 13): every failure found by feeding mutated bundles
+and collector files to load, validate, replay, show and import is reproduced here, and must now
+be a typed one-line error (``BundleError`` / ``OtlpImportError``) in bounded time and memory --
+or, for a damaged payload in ``show`` and one bad span in an import, no error at all.
+
+And decorating never breaks a program: what ``@trace_tool`` cannot record it returns unchanged,
+with a warning."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gzip
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from cli_support import ROOT
+from opentelemetry.sdk.trace import ReadableSpan
+from otlp_receiver import collector_lines
+
+from stepfork_otel import ReplaySession, record, trace_tool
+from stepfork_otel.cli import main
+from stepfork_otel.trace.bundle import load_trace, save_trace
+from stepfork_otel.trace.errors import BundleError
+from stepfork_otel.trace.limits import ReadLimits
+from stepfork_otel.trace.models import ToolResult, Trace
+from stepfork_otel.trace.otlp import ImportReport, OtlpImportError, iter_traces_from_otlp_json
+
+GOLDEN = ROOT / "tests" / "golden" / "dinner_lisbon.sftrace"
+
+
+def _bundle_error(path: Path, **kwargs: Any) -> str:
+    with pytest.raises(BundleError) as info:
+        load_trace(path, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: ")
+    assert len(message) < len(str(path)) + 300
+    return message
+
+
+def _import_error(path: Path, **kwargs: Any) -> str:
+    with pytest.raises(OtlpImportError) as info:
+        list(iter_traces_from_otlp_json(path, report=ImportReport(), **kwargs))
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: ")
+    return message
+
+
+# --- bundles -------------------------------------------------------------------------------------
+
+
+def test_a_header_nested_deeper_than_the_limit_is_a_bundle_error(tmp_path: Path) -> None:
+    rest = GOLDEN.read_bytes().split(b"\n", 1)[1]
+    deep = tmp_path / "deep.sftrace"
+    deep.write_bytes(b'{"format":"sftrace","x":' + b"[" * 300 + b"]" * 300 + b"}\n" + rest)
+    assert "line 1: JSON nested deeper than 254 levels" in _bundle_error(deep)  # was TypeError
+
+
+def test_an_end_line_with_a_deep_value_is_a_bundle_error(tmp_path: Path) -> None:
+    """Found by the fuzz campaign: quoting a 1,000-deep list in the message recursed."""
+    lines = GOLDEN.read_bytes().rstrip(b"\n").split(b"\n")
+    lines[-1] = b'{"end":"sftrace","events":' + b"[" * 1000 + b"]" * 1000 + b"}"
+    deep = tmp_path / "deep-end.sftrace"
+    deep.write_bytes(b"\n".join(lines) + b"\n")
+    assert "end line does not match: it declares [[[[...]]]] events" in _bundle_error(deep)
+
+
+def test_a_line_longer_than_the_limit_stops_there(tmp_path: Path) -> None:
+    head = GOLDEN.read_bytes().split(b"\n", 1)[0] + b"\n"
+    long = tmp_path / "long.sftrace.gz"
+    with gzip.open(long, "wb", compresslevel=9) as handle:  # ~50 KB on disk, 50 MB of one line
+        handle.write(head + b'{"input":"' + b"0" * 50_000_000)
+    assert long.stat().st_size < 200_000
+    limits = ReadLimits(max_line_bytes=4 << 20)
+    assert "line 2: longer than 4194304 bytes (the line-length limit)" in _bundle_error(
+        long, limits=limits
+    )
+
+
+def test_a_small_gzip_costs_bounded_memory_to_load_and_validate(tmp_path: Path) -> None:
+    """A 1 MB ``.sftrace.gz`` used to cost 2 GiB to load and 4-6 GiB to validate. In a child
+    with a 700 MB address-space cap, both are now a typed error (exit 2, one line)."""
+    bomb = tmp_path / "bomb.sftrace.gz"
+    head = GOLDEN.read_bytes().split(b"\n", 1)[0] + b"\n"
+    with gzip.open(bomb, "wb", compresslevel=9) as handle:
+        handle.write(head)
+        for _ in range(1024):
+            handle.write(b"0" * (1 << 20))  # one line of 1 GiB
+    assert bomb.stat().st_size < 1_200_000
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (700 << 20, 700 << 20))\n"
+        "from stepfork_otel.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    for command in ("validate", "show"):
+        done = subprocess.run(
+            [sys.executable, "-c", code, command, str(bomb)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert done.returncode == 2, done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        assert "(the line-length limit)" in line
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_only_regular_files_are_read(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.sftrace"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero.sftrace"
+    zero.symlink_to("/dev/zero")
+    outcome: list[str] = []
+    reader = threading.Thread(target=lambda: outcome.append(_bundle_error(fifo)), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert outcome, "reading a FIFO blocked"
+    assert "is a FIFO (named pipe), not a regular file; only regular files are read" in outcome[0]
+    assert "is a character device, not a regular file" in _bundle_error(zero)
+    assert "is a FIFO (named pipe)" in _import_error(fifo)
+    assert "is a character device" in _import_error(zero)
+
+
+def _with_output(trace: Trace, call_id: str, text: str) -> Trace:
+    """``trace`` with the recorded output of ``call_id`` replaced, its fingerprint recomputed
+    (what a hostile editor does to get past integrity checks)."""
+    events = []
+    for event in trace.events:
+        if isinstance(event, ToolResult) and event.parent_id == call_id:
+            sha = hashlib.sha256(text.encode()).hexdigest()
+            event = event.model_copy(
+                update={"output": text, "output_sha256": sha, "output_size": len(text)}
+            )
+        events.append(event)
+    return trace.model_copy(update={"events": events})
+
+
+def test_a_deep_recorded_output_is_refused_at_load_not_raised_into_the_agent(
+    recording: Any, tmp_path: Path
+) -> None:
+    @trace_tool
+    def lookup() -> Any:
+        return {"n": 1}
+
+    def agent() -> Any:
+        return lookup()
+
+    with record(tmp_path / "run.sftrace"):
+        agent()
+    trace = Trace.load(tmp_path / "run.sftrace")
+    call_id = trace.calls[0].id
+    big = "12345678901234567890"  # 20 digits: read by the standard library's recursive parser
+
+    shallow = save_trace(
+        _with_output(trace, call_id, "[" * 200 + big + "]" * 200), tmp_path / "ok.sftrace"
+    )
+    with ReplaySession.from_trace(shallow):
+        value = agent()
+    for _ in range(200):
+        value = value[0]
+    assert value == int(big)
+
+    deep = save_trace(
+        _with_output(trace, call_id, "[" * 2000 + big + "]" * 2000), tmp_path / "deep.sftrace"
+    )
+    with pytest.raises(BundleError, match="nested deeper than 254 levels"):  # was RecursionError
+        ReplaySession.from_trace(deep)
+
+
+def test_show_shows_a_damaged_payload_as_damaged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = GOLDEN.read_bytes().split(b"\n")
+    llm_input = next(n for n, line in enumerate(lines) if line.startswith(b'{"input":{"messages"'))
+    lines[llm_input] = lines[llm_input].replace(b'"role"', b'"ro\x01e"', 1)  # one flipped byte
+    damaged = tmp_path / "damaged.sftrace"
+    damaged.write_bytes(b"\n".join(lines))
+    assert main(["show", str(damaged)]) == 0  # was "internal error"
+    out = capsys.readouterr().out
+    assert "in  <damaged: " in out
+    assert out.count("<damaged: ") == 1
+
+
+# --- OTLP import ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def otlp_line(recording: Any, tmp_path: Path) -> dict[str, Any]:
+    """The spans of one recorded run, as one collector line (parsed)."""
+
+    @trace_tool
+    def lookup(city: str) -> str:
+        return city.upper()
+
+    with record(tmp_path / "local.sftrace"):
+        lookup("Lisbon")
+        lookup("Porto")
+    spans: list[ReadableSpan] = list(recording.exporter.get_finished_spans())
+    (line,) = collector_lines(spans, batch_size=len(spans))
+    data: dict[str, Any] = orjson.loads(line)
+    return data
+
+
+def _spans(data: dict[str, Any]) -> list[dict[str, Any]]:
+    spans: list[dict[str, Any]] = data["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    return spans
+
+
+def _tool_span(data: dict[str, Any], n: int = 0) -> dict[str, Any]:
+    return [s for s in _spans(data) if s["name"].startswith("execute_tool")][n]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("kind", [1]),
+        ("status", {"code": {"x": 1}}),
+        ("endTimeUnixNano", str(2**64)),
+        ("startTimeUnixNano", "-5"),
+        ("attributes", {"not": "a list"}),
+    ],
+)
+def test_one_bad_span_is_skipped_and_counted_the_rest_imported(
+    otlp_line: dict[str, Any], tmp_path: Path, field: str, value: Any
+) -> None:
+    good_trace = orjson.loads(orjson.dumps(otlp_line))
+    other = "ab" * 16
+    for span in _spans(good_trace):
+        span["traceId"] = other  # a second run in the same file, untouched
+    _tool_span(otlp_line)[field] = value
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(orjson.dumps(otlp_line) + b"\n" + orjson.dumps(good_trace) + b"\n")
+    report = ImportReport()
+    traces = {t.trace_id: t for t in iter_traces_from_otlp_json(path, report=report)}
+    assert set(traces) == {_spans(otlp_line)[0]["traceId"], other}
+    assert traces[other].complete
+    for trace in traces.values():  # every bundle can be written
+        save_trace(trace, tmp_path / f"{trace.trace_id}.sftrace")
+    if field in ("endTimeUnixNano", "startTimeUnixNano", "attributes"):
+        assert report.skipped_spans == 1
+        assert not traces[_spans(otlp_line)[0]["traceId"]].complete
+        assert "span " in report.problems[0].message
+    else:  # an enum of the wrong shape reads as the default, as an unknown number does
+        assert report.skipped_spans == 0
+
+
+def test_a_non_list_scope_spans_skips_the_line_not_the_import(
+    otlp_line: dict[str, Any], tmp_path: Path
+) -> None:
+    bad = orjson.loads(orjson.dumps(otlp_line))
+    bad["resourceSpans"][0]["scopeSpans"] = 7
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(orjson.dumps(bad) + b"\n" + orjson.dumps(otlp_line) + b"\n")
+    report = ImportReport()
+    (trace,) = iter_traces_from_otlp_json(path, report=report)
+    assert "not OTLP trace data (scopeSpans is not a list); line skipped" in str(report.problems[0])
+    assert trace.complete  # (the skipped line held no span: the run is whole in the next one)
+
+
+def test_a_payload_with_a_raw_line_break_imports_as_missing_and_saves(
+    otlp_line: dict[str, Any], tmp_path: Path
+) -> None:
+    span = _tool_span(otlp_line)
+    text = '"LIS\nBON"'
+    for attribute in span["attributes"]:
+        if attribute["key"] == "stepfork.output":
+            attribute["value"] = {"stringValue": text}
+        if attribute["key"] == "stepfork.output.sha256":
+            attribute["value"] = {"stringValue": hashlib.sha256(text.encode()).hexdigest()}
+        if attribute["key"] == "stepfork.output.size":
+            attribute["value"] = {"intValue": str(len(text))}
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(orjson.dumps(otlp_line) + b"\n")
+    report = ImportReport()
+    (trace,) = iter_traces_from_otlp_json(path, report=report)
+    assert "stepfork.output is not canonical JSON text" in str(report.problems[0])
+    result = trace.outcome_of(trace.calls[0])
+    assert isinstance(result, ToolResult)
+    assert result.output is None
+    assert Trace.load(save_trace(trace, tmp_path / "out.sftrace")) == trace
+
+
+def test_a_truncated_gzip_is_an_import_error(otlp_line: dict[str, Any], tmp_path: Path) -> None:
+    data = gzip.compress(orjson.dumps(otlp_line) + b"\n" * 2)
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(data[: len(data) // 2])
+    assert "truncated gzip data" in _import_error(path)  # was EOFError
+    out = tmp_path / "out"
+    assert main(["import", str(path), "-o", str(out)]) == 2
+    assert not out.exists() or not list(out.iterdir())
+    path.write_bytes(data[:10] + b"\xff" * 40 + data[50:])
+    assert "cannot read" in _import_error(path)  # was BadGzipFile
+
+
+def test_the_importer_caps_decompressed_size_and_line_length(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.jsonl.gz"
+    bomb.write_bytes(gzip.compress(b'{"resourceSpans":[' + b" " * 30_000_000, compresslevel=9))
+    assert bomb.stat().st_size < 100_000
+    limits = ReadLimits(max_line_bytes=1 << 20)
+    assert "a line longer than 1048576 bytes" in _import_error(bomb, limits=limits)
+    lines = tmp_path / "lines.jsonl.gz"
+    lines.write_bytes(gzip.compress(b'{"resourceSpans":[]}\n' * 1_000_000, compresslevel=9))
+    limits = ReadLimits(max_decompressed_bytes=1_000_000)
+    assert "expands beyond 1000000 bytes (the decompressed-size limit)" in _import_error(
+        lines, limits=limits
+    )
+
+
+def test_a_deeply_nested_record_is_skipped(otlp_line: dict[str, Any], tmp_path: Path) -> None:
+    # 1,000 JSON levels: within orjson's reach when parsed, beyond the limit (written by hand:
+    # orjson writes at most 254)
+    deep = b'{"kvlistValue":{"values":[{"key":"k","value":' * 250
+    deep += b'{"stringValue":"x"}' + b"}]}}" * 250
+    _tool_span(otlp_line)["attributes"].append({"key": "deep", "value": "DEEP"})
+    line = orjson.dumps(otlp_line).replace(b'"DEEP"', deep)
+    path = tmp_path / "deep.jsonl"
+    path.write_bytes(line + b"\n")
+    with pytest.raises(OtlpImportError, match="no OTLP trace data"):
+        list(iter_traces_from_otlp_json(path, report=ImportReport()))
+
+
+# --- decorating never breaks a program -----------------------------------------------------------
+
+
+class Prices:
+    rate = 2
+
+    def __call__(self, amount: int) -> int:
+        return amount * self.rate
+
+
+class Shop:
+    @trace_tool
+    def price(self, amount: int) -> int:
+        return amount + 1
+
+    @trace_tool
+    @classmethod
+    def tax(cls, amount: int) -> int:
+        return amount * 10
+
+    @trace_tool
+    @staticmethod
+    def fee(amount: int) -> int:
+        return amount + 100
+
+
+class Plain:
+    def price(self, amount: int) -> int:
+        return amount + 7
+
+
+def _add(a: int, b: int) -> int:
+    return a + b
+
+
+async def _fetch(city: str) -> str:
+    await asyncio.sleep(0)
+    return city.lower()
+
+
+class AsyncPrices:
+    async def __call__(self, amount: int) -> int:
+        return amount * 3
+
+
+def test_every_kind_of_callable_is_recorded_and_replayed(recording: Any, tmp_path: Path) -> None:
+    add_one = trace_tool(functools.partial(_add, 1))
+    prices = trace_tool(Prices())
+    bound = trace_tool(Plain().price)
+    fetch = trace_tool(functools.partial(_fetch))
+    async_prices = trace_tool(AsyncPrices())
+
+    def agent() -> list[Any]:
+        return [
+            add_one(2),
+            prices(5),
+            Shop().price(1),
+            Shop.tax(2),
+            Shop().tax(3),
+            Shop.fee(4),
+            bound(7),
+            asyncio.run(fetch("LISBON")),
+            asyncio.run(async_prices(2)),
+        ]
+
+    expected = [3, 10, 2, 20, 30, 104, 14, "lisbon", 6]
+    with record(tmp_path / "run.sftrace"):
+        assert agent() == expected
+    trace = Trace.load(tmp_path / "run.sftrace")
+    assert [c.name for c in trace.calls] == [  # type: ignore[union-attr]
+        *("_add", "Prices", "price", "tax", "tax", "fee", "price", "_fetch", "AsyncPrices"),
+    ]
+    with ReplaySession.from_trace(trace) as replay:
+        assert agent() == expected
+    assert [c.action for c in replay.calls] == ["substituted"] * len(expected)
+    assert replay.pending == 0
+
+
+def test_what_cannot_be_a_tool_is_returned_unchanged_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def numbers() -> Any:
+        yield 1
+
+    async def stream() -> Any:
+        yield 1
+
+    with caplog.at_level(logging.WARNING, logger="stepfork_otel"):
+        for thing in (dict, numbers, stream, functools.partial(numbers)):
+            assert trace_tool(thing) is thing  # type: ignore[arg-type]
+            assert trace_tool(name="x")(thing) is thing  # type: ignore[arg-type]
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 8
+    assert "'dict' is left undecorated and its calls are not recorded" in messages[0]
+    assert "its signature cannot be read" in messages[0]
+    assert "it is a generator" in messages[2]
+    assert dict(a=1) == {"a": 1}
