@@ -147,6 +147,9 @@ INPUT_MIME_TYPE: Final = "input.mime_type"
 OUTPUT_VALUE: Final = "output.value"
 OUTPUT_MIME_TYPE: Final = "output.mime_type"
 MIME_JSON: Final = "application/json"
+#: A TOOL span's description (the docstring) and JSON schema of its parameters.
+OI_TOOL_DESCRIPTION: Final = "tool.description"
+OI_TOOL_PARAMETERS: Final = "tool.parameters"
 
 #: The attributes of one payload, in this order: text, sha256, size, omitted, preview, and the
 #: OpenInference value and mime type. Written by the boundaries, read by the span -> event

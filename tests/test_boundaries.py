@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -748,3 +749,26 @@ def test_a_sampled_out_run_warns_and_writes_nothing(
     assert "was not sampled" in caplog.text
     assert during == [0]  # nothing kept for spans no processor will see, not even for a while
     assert HANDOFF.pending == 0
+
+
+def test_a_tool_span_carries_its_description_and_parameter_schema(
+    recording: Recording, tmp_path: Path
+) -> None:
+    @trace_tool
+    def search_flights(city: str, max_results: int = 5) -> list[str]:
+        """Search flights to a city.
+
+        Returns flight numbers."""
+        return [city] * max_results
+
+    with record(tmp_path / "t.sftrace"):
+        search_flights("Paris", 1)
+    (span,) = [s for s in recording.exporter.get_finished_spans() if s.name.startswith("execute")]
+    a = dict(span.attributes or {})
+    assert a[k.GEN_AI_TOOL_DESCRIPTION] == "Search flights to a city.\n\nReturns flight numbers."
+    assert a[k.OI_TOOL_DESCRIPTION] == a[k.GEN_AI_TOOL_DESCRIPTION]
+    assert a[k.GEN_AI_TOOL_TYPE] == "function"
+    schema = json.loads(a[k.OI_TOOL_PARAMETERS])
+    assert schema["properties"]["city"]["type"] == "string"
+    assert schema["properties"]["max_results"]["default"] == 5
+    assert schema["required"] == ["city"]

@@ -392,3 +392,21 @@ def test_an_azure_deployment_url_is_a_chat_call(
     assert request["url"] == "deployments/gpt-4o/chat/completions"
     assert request["query"] == {"api-version": ["2024-10-21"]}
     assert "azure-test-key" not in (tmp_path / "azure.sftrace").read_text()
+
+
+def test_the_run_span_names_the_provider_of_its_llm_calls(
+    recording: Recording, llm: FakeLLM, tmp_path: Path
+) -> None:
+    client = anthropic.Anthropic(
+        base_url=llm.anthropic_url,
+        api_key="sk-ant-test",
+        open_telemetry={"traces": {"enabled": False}},
+    )
+    with record(tmp_path / "p.sftrace", name="support"):
+        client.messages.create(
+            model="claude-sonnet-4-5", max_tokens=10, messages=[{"role": "user", "content": "x"}]
+        )
+    (run,) = [
+        s for s in recording.exporter.get_finished_spans() if s.name == "invoke_agent support"
+    ]
+    assert run.attributes[k.GEN_AI_PROVIDER_NAME] == "anthropic"

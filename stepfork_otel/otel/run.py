@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from contextvars import Token
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -25,6 +26,7 @@ from stepfork_otel.config import CONFIG
 from stepfork_otel.otel.setup import ensure_bundle_processor
 from stepfork_otel.recording.spans import (
     call_start_time,
+    current_run,
     end_span,
     record_failure,
     write_payload,
@@ -56,6 +58,7 @@ class RunRecorder:
         self._keep = keep
         self._span: Span | None = None
         self._token: object | None = None
+        self._run_token: Token[Span | None] | None = None
         self.trace_id: str | None = None
         """Hex trace id of the run (set on entry)."""
         self.path: Path | None = None
@@ -116,6 +119,7 @@ class RunRecorder:
         )
         self._span = span
         self._token = context_api.attach(trace_api.set_span_in_context(span))
+        self._run_token = current_run.set(span)
         span_context = span.get_span_context()
         self.trace_id = format(span_context.trace_id, "032x")
         with handle_internal_errors("recording the run input"):
@@ -151,6 +155,9 @@ class RunRecorder:
             else:
                 span.set_attribute(k.STATUS, k.STATUS_OK)
         with handle_internal_errors("ending the run"):
+            if self._run_token is not None:
+                run_token, self._run_token = self._run_token, None
+                current_run.reset(run_token)
             if self._token is not None:
                 token, self._token = self._token, None
                 context_api.detach(token)  # type: ignore[arg-type]

@@ -23,12 +23,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import json
 import logging
 import typing
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, ParamSpec, TypeVar, overload
 
+import pydantic
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
@@ -49,6 +51,7 @@ from stepfork_otel.recording.spans import (
     end_span,
     first_call_of_trace,
     next_call_number,
+    note_provider,
     record_failure,
     span_payload_attributes,
     usage_attributes,
@@ -129,11 +132,16 @@ def _warn_unreplayable(call: BoundaryCall, what: str, payload: Payload) -> None:
 
 
 def _prepare_tool(
-    name: str, policy: ReplayPolicy, arguments: dict[str, Any], output_type: Any
+    name: str,
+    policy: ReplayPolicy,
+    arguments: dict[str, Any],
+    output_type: Any,
+    described: dict[str, Any] | None = None,
 ) -> _Prepared:
     payload, session = _captured_input(arguments)
     call = BoundaryCall("tool", name, payload, policy, output_type=output_type)
     attributes = {
+        **(described or {}),
         k.KIND: k.KIND_TOOL,
         k.REPLAY_POLICY: policy.value,
         k.GEN_AI_OPERATION_NAME: k.OP_EXECUTE_TOOL,
@@ -148,6 +156,7 @@ def _prepare_llm(
     provider: str, model: str, operation: str, request: Any, policy: ReplayPolicy, output_type: Any
 ) -> _Prepared:
     payload, session = _captured_input(request)
+    note_provider(provider)
     fingerprint = model_fingerprint(provider, model, operation)
     call = BoundaryCall(
         "llm",
@@ -577,6 +586,36 @@ def _return_type(fn: Callable[..., Any]) -> Any:
         return None
 
 
+def _tool_description(
+    annotated: Any, signature: inspect.Signature, skip_first: bool
+) -> dict[str, Any]:
+    """What a TOOL span says about its tool beyond the name: the docstring
+    (``gen_ai.tool.description``, OpenInference ``tool.description``) and the JSON schema of
+    its parameters (``tool.parameters``), built once, on the tool's first call. A signature
+    pydantic cannot describe (an unresolvable annotation, a default with no JSON form) gets no
+    schema; that is not an error."""
+    described: dict[str, Any] = {}
+    doc = inspect.getdoc(annotated)
+    if doc:
+        described[k.GEN_AI_TOOL_DESCRIPTION] = described[k.OI_TOOL_DESCRIPTION] = doc
+    try:
+        hints = typing.get_type_hints(annotated)
+        fields: dict[str, Any] = {}
+        for index, (pname, param) in enumerate(signature.parameters.items()):
+            if (index == 0 and skip_first) or param.kind in (
+                param.VAR_POSITIONAL,
+                param.VAR_KEYWORD,
+            ):
+                continue
+            default = ... if param.default is param.empty else param.default
+            fields[pname] = (hints.get(pname, Any), default)
+        model = pydantic.create_model("Parameters", **fields)
+        described[k.OI_TOOL_PARAMETERS] = json.dumps(model.model_json_schema(), sort_keys=True)
+    except Exception:
+        pass  # no schema for this signature
+    return described
+
+
 def _tool_target(func: Any) -> tuple[str, Any, str | None]:
     """``(name, annotated, refusal)`` for a callable given to ``@trace_tool``: the name its calls
     are recorded under, the function whose return annotation types a replayed value (a
@@ -648,6 +687,7 @@ def trace_tool(
         def output_type() -> Any:
             if not resolved:  # resolved on first call: forward references may not exist earlier
                 resolved.append(_return_type(annotated))
+                resolved.append(_tool_description(annotated, signature, skip_first))
             return resolved[0]
 
         simple_bind = simple_binder(signature, skip_first)
@@ -660,7 +700,7 @@ def trace_tool(
                 except TypeError:
                     return None  # the call itself is wrong: let the function raise its TypeError
             try:
-                return _prepare_tool(tool_name, policy, arguments, output_type())
+                return _prepare_tool(tool_name, policy, arguments, output_type(), resolved[1])
             except Exception:
                 internal_error("preparing a boundary call", strict=_in_replay())
                 return None

@@ -10,6 +10,7 @@ import itertools
 import threading
 import time
 from collections import OrderedDict
+from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry.trace import Span, Status, StatusCode
@@ -71,6 +72,24 @@ def first_call_of_trace(trace_id: int) -> None:
         _seq_by_trace[trace_id] = itertools.count(2)
         if len(_seq_by_trace) > _MAX_TRACKED_TRACES:
             _seq_by_trace.popitem(last=False)
+
+
+# --- the run a call belongs to -------------------------------------------------------------------
+
+current_run: ContextVar[Span | None] = ContextVar("stepfork_run_span", default=None)
+"""The span of the ``record(...)`` run this context is in (set by ``otel/run.py``)."""
+
+
+def note_provider(provider: str) -> None:
+    """The run's ``invoke_agent`` span names the provider of its first LLM call
+    (``gen_ai.provider.name``), as the convention asks of an agent span when it is known."""
+    span = current_run.get()
+    if span is None or not span.is_recording():
+        return
+    attributes = getattr(span, "attributes", None)
+    if attributes is not None and k.GEN_AI_PROVIDER_NAME in attributes:
+        return
+    span.set_attribute(k.GEN_AI_PROVIDER_NAME, provider)
 
 
 # --- payloads, failures, the end -----------------------------------------------------------------
