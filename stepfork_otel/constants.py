@@ -75,6 +75,8 @@ RUN_ENTRYPOINT: Final = "stepfork.run.entrypoint"
 REPLAY_MODE: Final = "stepfork.replay.mode"
 #: What replay did with the call: ``substituted``, ``executed`` or ``rejected``.
 REPLAY_ACTION: Final = "stepfork.replay.action"
+#: On the root span of a replay no span encloses: the trace id of the recorded run it replays.
+REPLAY_OF: Final = "stepfork.replay.of"
 #: Version of stepfork_otel that wrote the span.
 SDK_VERSION: Final = "stepfork.sdk.version"
 

@@ -710,7 +710,7 @@ def test_a_replay_no_span_encloses_is_one_trace_under_its_own_root(
     spans = recording.exporter.get_finished_spans()
     (root,) = [s for s in spans if s.parent is None]
     assert root.name == "replay refunds"
-    assert root.attributes[k.REPLAY_MODE] == "frozen"
+    assert root.attributes[k.REPLAY_OF] == Trace.load(tmp_path / "r.sftrace").trace_id
     assert {s.context.trace_id for s in spans} == {root.context.trace_id}
     assert len(spans) == 3
 

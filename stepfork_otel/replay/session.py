@@ -101,7 +101,7 @@ def _open_root_span(session: ReplaySession) -> tuple[Span, object] | None:
         span = CONFIG.tracer().start_span(
             f"replay {name}",
             attributes={
-                k.REPLAY_MODE: session.mode.value,
+                k.REPLAY_OF: session.trace.trace_id,
                 k.RUN_NAME: name,
                 k.OPENINFERENCE_SPAN_KIND: k.OI_KIND_AGENT,
             },
