@@ -52,8 +52,13 @@ def normalised(text: str) -> str:
 
 
 def run(project: Path, url: str, *args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STEPFORK_", "PYTEST_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("STEPFORK_", "PYTEST_")) and k not in ("CI", "BUILD_NUMBER")
+    }  # pytest shortens summary lines to the terminal width, except under CI
     env["FAKE_LLM_URL"] = url
+    env["COLUMNS"] = "80"
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
         cwd=project,
