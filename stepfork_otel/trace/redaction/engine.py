@@ -87,6 +87,11 @@ def _compile(source: str, capture: bool = True) -> Any:
     return regex
 
 
+def check_pattern(source: str) -> None:
+    """Raise ``ValueError`` (saying why) unless RE2 accepts ``source`` as a redaction pattern."""
+    _compile(source)
+
+
 _GROUP_NAME = re.compile(r"\(\?P<[A-Za-z_][A-Za-z0-9_]*>")
 
 
