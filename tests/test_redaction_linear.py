@@ -25,7 +25,21 @@ SIZE = 200_000
 
 def _benign(size: int) -> str:
     rng = random.Random(7)
-    words = ["the", "flight", "to", "lisbon", "leaves", "from", "terminal", "two", "and", "the", "gate", "closes", "early"]
+    words = [
+        "the",
+        "flight",
+        "to",
+        "lisbon",
+        "leaves",
+        "from",
+        "terminal",
+        "two",
+        "and",
+        "the",
+        "gate",
+        "closes",
+        "early",
+    ]
     out: list[str] = []
     total = 0
     while total < size:
