@@ -96,7 +96,7 @@ def _list(redactor: Redactor, args: argparse.Namespace) -> int:
                 {"family": r.family, "name": r.name, "description": r.description, "regex": r.regex}
                 for r in rows
             ],
-            "keys": {what: words for what, words in key_rows(redactor)},
+            "keys": dict(key_rows(redactor)),
             "allow": list(redactor.allow),
         }
         print(json_text(data))
