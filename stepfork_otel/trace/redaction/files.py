@@ -105,7 +105,7 @@ def load_redaction_rules(
         raise RedactionRulesError(path, f"not JSON ({exc})") from None
     if not isinstance(data, dict) or not set(data) <= {"keys", "patterns", "allow"}:
         raise RedactionRulesError(
-            path, "must be a JSON object with 'keys', 'patterns' and/or 'allow' (and nothing else)"
+            path, "must be a JSON object with 'keys' and/or 'patterns' (and 'allow'; nothing else)"
         )
     keys = data.get("keys", [])
     if not (isinstance(keys, list) and all(isinstance(key, str) and key for key in keys)):
