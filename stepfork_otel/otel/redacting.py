@@ -48,7 +48,9 @@ KEPT_ATTRIBUTES = frozenset({"session.id"})
 _install_lock = threading.Lock()
 
 
-def _redact_value(redactor: Redactor, key: str, value: Any) -> Any:
+def _redact_value(redactor: Redactor, key: str, value: Any, texts: bool) -> Any:
+    """``value`` under attribute ``key``; ``texts``: whether its strings may need redaction (the
+    one scan over the whole span said so)."""
     if key in KEPT_ATTRIBUTES:
         return value
     if redactor.is_sensitive_key(key):
@@ -56,41 +58,64 @@ def _redact_value(redactor: Redactor, key: str, value: Any) -> Any:
     if isinstance(value, str):
         if redactor.is_generic_key(key) and looks_random(value):
             return GENERIC_MARKER
-        return redactor.redact_text(value)
-    if isinstance(value, (list, tuple)) and any(isinstance(v, str) for v in value):
+        return redactor.redact_text(value) if texts else value
+    if texts and isinstance(value, (list, tuple)) and any(isinstance(v, str) for v in value):
         return tuple(redactor.redact_text(v) if isinstance(v, str) else v for v in value)
     return value
 
 
 def redact_attributes(
-    redactor: Redactor, attributes: Mapping[str, Any] | None
+    redactor: Redactor, attributes: Mapping[str, Any] | None, texts: bool = True
 ) -> dict[str, Any] | None:
     """A redacted copy of span (or event, or link) attributes; None stays None."""
     if attributes is None:
         return None
-    return {key: _redact_value(redactor, key, value) for key, value in attributes.items()}
+    return {key: _redact_value(redactor, key, value, texts) for key, value in attributes.items()}
+
+
+def _strings(span: ReadableSpan) -> list[str]:
+    """Every string of ``span`` that :func:`redact_span` redacts as text."""
+    out = [span.name]
+    sources: list[Mapping[str, Any] | None] = [span.attributes]
+    for event in span.events:
+        out.append(event.name)
+        sources.append(event.attributes)
+    sources += [link.attributes for link in span.links]
+    for attributes in sources:
+        for value in (attributes or {}).values():
+            if isinstance(value, str):
+                out.append(value)
+            elif isinstance(value, (list, tuple)):
+                out += (v for v in value if isinstance(v, str))
+    if span.status.description:
+        out.append(span.status.description)
+    return out
 
 
 def redact_span(redactor: Redactor, span: ReadableSpan) -> None:
     """Replace ``span``'s name, attributes, events, links and status description by redacted
-    copies, in place."""
-    span._name = redactor.redact_text(span.name)
-    span._attributes = redact_attributes(redactor, span.attributes)
+    copies, in place. One RE2 scan over all its strings first: when it finds nothing, only the
+    key rules apply (a sensitive attribute key, a random value under a generic key)."""
+    texts = redactor.may_change_texts(_strings(span))
+    if texts:
+        span._name = redactor.redact_text(span.name)
+    span._attributes = redact_attributes(redactor, span.attributes, texts)
     if span.events:
         span._events = tuple(
             Event(
-                redactor.redact_text(event.name),
-                redact_attributes(redactor, event.attributes),
+                redactor.redact_text(event.name) if texts else event.name,
+                redact_attributes(redactor, event.attributes, texts),
                 event.timestamp,
             )
             for event in span.events
         )
     if span.links:
         span._links = tuple(
-            Link(link.context, redact_attributes(redactor, link.attributes)) for link in span.links
+            Link(link.context, redact_attributes(redactor, link.attributes, texts))
+            for link in span.links
         )
     description = span.status.description
-    if description:
+    if texts and description:
         redacted = redactor.redact_message(description)
         if redacted != description:
             span._status = Status(span.status.status_code, redacted)
