@@ -106,7 +106,7 @@ def _engine_section(quick: bool) -> list[str]:
         "",
         table(["payload", "`re`", "RE2", "`re` / RE2", "`_plan` (RE2)"], rows),
         "",
-        "The former JWT pattern on `\"eyJ\" * n` (Python's `re` retries from every `eyJ`: "
+        'The former JWT pattern on `"eyJ" * n` (Python\'s `re` retries from every `eyJ`: '
         "quadratic; RE2: one pass):",
         "",
         table(["input", "Python `re` (former engine)", "RE2, same pattern"], jwt_rows),
@@ -211,7 +211,9 @@ def _spans_section(quick: bool) -> list[str]:
     plain = TracerProvider()
     redacting = TracerProvider()
     redacting.add_span_processor(RedactingSpanProcessor(lambda: DEFAULT_REDACTOR))
-    value = "the flight to lisbon leaves from terminal two and the gate closes thirty minutes before"
+    value = (
+        "the flight to lisbon leaves from terminal two and the gate closes thirty minutes before"
+    )
     attributes: dict[str, Any] = {f"app.attr{n}": f"{value} {n}" for n in range(8)}
     calls = 200 if quick else 2_000
     rounds = 3 if quick else 11

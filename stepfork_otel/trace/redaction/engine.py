@@ -258,8 +258,8 @@ class _Plan:
     raw: bytes = b""
     """The canonical text's UTF-8 bytes."""
     raw_needles: tuple[int, ...] | None = None
-    """The indexes of ``patterns`` among the redactor's, when the splice may apply (the text has
-    no escapes); None otherwise."""
+    """The indexes of ``patterns`` among the redactor's, when the splice may apply; None
+    otherwise (:meth:`Redactor.redact` walks)."""
     folded_needles: tuple[bytes, ...] = ()
     redact_text: Any = None
     """The redactor's own :meth:`Redactor.redact_text` (what the splice redacts strings with)."""
@@ -450,7 +450,7 @@ class Redactor:
             keys,
             self._probe_of(indexes),
             raw,
-            indexes if scan is raw else None,
+            indexes,
             (),
             self._redact_text,
         )
@@ -470,13 +470,21 @@ class Redactor:
         sensitive = self.is_sensitive_key if plan.keys else None
         generic = self.is_generic_key if plan.keys else None
 
+        seen: dict[str, str] = {}  # keys and short values repeat: each is looked at once
+
         def text(s: str) -> str:
+            done = seen.get(s)
+            if done is not None:
+                return done
             if probe is None:
                 return s
             data = s.encode("utf-8", "surrogatepass")
             if probe.Match(_UNANCHORED, data, 0, len(data))[0][0] < 0:
-                return s
-            return redact_text(s)
+                done = s
+            else:
+                done = redact_text(s)
+            seen[s] = done
+            return done
 
         def walk(value: Any) -> tuple[Any, bool]:
             if isinstance(value, str):
@@ -586,54 +594,68 @@ _MAX_PASSES = 8
 _MAX_SPLICE_HITS = 64
 
 
+def _quote_map(raw: bytes, scan: bytes) -> bytes:
+    """``scan`` (the scan form of ``raw``) with the quotes that were escaped in ``raw`` (``\\"``)
+    turned into ``\x01``: the same length, and its quotes are exactly the strings' delimiters."""
+    if b'\\"' not in raw:
+        return scan
+    held = raw.replace(b"\\\\", b"\x03")  # escaped backslashes first: pairs read left to right
+    held = held.replace(b'\\"', b"\\u0001").replace(b"\x03", b"\\\\")
+    return scan_form(held)
+
+
 def _splice(canonical: str, plan: _Plan) -> str | None:
     """``canonical_json`` of the redacted value, without decoding the whole payload: the strings
     that redaction changes, redacted and written back into the text. None when this shortcut does
-    not apply (the text has escapes, a match spans more than one string or lies outside strings,
-    a key would change, many matches): the caller decodes and walks.
+    not apply (a match spans more than one string or lies outside strings, a key would change,
+    many matches): the caller decodes and walks.
 
-    Without escapes the scan form is the text itself and every quote delimits a string. Every
-    match of a rule inside a string is found by searching the rule in the whole text -- unless a
-    match that overlaps it and starts earlier hides it; that earlier match either lies in the
-    same string (which is then redacted whole anyway) or spans a quote (and the splice declines).
-    A string without a match of any rule is one the walk leaves alone."""
+    The rules are searched in the scan form, where each string appears decoded; a copy of it with
+    the decoded quotes masked (:func:`_quote_map`) tells which string a match lies in (its
+    quotes are the delimiters, in the order of the text's). Every match of a rule inside a string
+    is found by searching the rule in the whole scan form -- unless a match that overlaps it and
+    starts earlier hides it; that earlier match either lies in the same string (which is then
+    redacted whole anyway) or spans a delimiter (and the splice declines). A string without a
+    match of any rule is one the walk leaves alone."""
     if plan.raw_needles is None or plan.redact_text is None:
         return None
     raw = plan.raw
-    if b"\\" in raw:
-        return None
+    scan = scan_form(raw)
+    quotes_at = _quote_map(raw, scan)
     hits: set[int] = set()
     for pattern in plan.patterns:
         regex = _compile(_uncaptured(pattern.source), False)
-        pos, end = 0, len(raw)
+        pos, end = 0, len(scan)
         while pos <= end:
-            start, stop = regex.Match(_UNANCHORED, raw, pos, end)[0]
+            start, stop = regex.Match(_UNANCHORED, scan, pos, end)[0]
             if start < 0:
                 break
-            first = start + 1 if raw[start : start + 1] == b'"' else start
-            last = stop - 1 if stop - 1 > first and raw[stop - 1 : stop] == b'"' else stop
-            if b'"' in raw[first:last]:
+            first = start + 1 if scan[start : start + 1] == b'"' else start
+            last = stop - 1 if stop - 1 > first and scan[stop - 1 : stop] == b'"' else stop
+            if b'"' in quotes_at[first:last]:
                 return None
-            quotes = raw.count(b'"', 0, first)
+            quotes = quotes_at.count(b'"', 0, first)
             if quotes % 2 == 0:  # outside every string (cannot be: a rule matches text)
                 return None
             hits.add(quotes)
             if len(hits) > _MAX_SPLICE_HITS:
                 return None
-            pos = stop if stop > start else _next_char(raw, stop)
+            pos = stop if stop > start else _next_char(scan, stop)
     if not hits:
         return canonical
-    parts = raw.split(b'"')
-    pieces: list[bytes] = []
-    done = 0
+    masked = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__") if b"\\" in raw else raw
+    parts = masked.split(b'"')
     offsets = [0]
     for part in parts:
         offsets.append(offsets[-1] + len(part) + 1)
+    pieces: list[bytes] = []
+    done = 0
     redact_text = plan.redact_text
     for index in sorted(hits):
         begin = offsets[index]
         stop = begin + len(parts[index])
-        value = parts[index].decode("utf-8")
+        text = raw[begin:stop]
+        value = orjson.loads(b'"' + text + b'"') if b"\\" in text else text.decode("utf-8")
         redacted = redact_text(value)
         if redacted != value:
             if raw.startswith(b":", stop + 1):  # a key: the order of keys could change
