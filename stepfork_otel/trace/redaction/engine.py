@@ -479,10 +479,8 @@ class Redactor:
             if probe is None:
                 return s
             data = s.encode("utf-8", "surrogatepass")
-            if probe.Match(_UNANCHORED, data, 0, len(data))[0][0] < 0:
-                done = s
-            else:
-                done = redact_text(s)
+            found = probe.Match(_UNANCHORED, data, 0, len(data))[0][0] >= 0
+            done = redact_text(s) if found else s
             seen[s] = done
             return done
 

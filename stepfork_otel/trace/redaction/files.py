@@ -105,7 +105,8 @@ def load_redaction_rules(
         raise RedactionRulesError(path, f"not JSON ({exc})") from None
     if not isinstance(data, dict) or not set(data) <= {"keys", "patterns", "allow"}:
         raise RedactionRulesError(
-            path, "must be a JSON object with 'keys' and/or 'patterns' (and 'allow'; nothing else)"
+            path,
+            "must be a JSON object with 'keys' and/or 'patterns' (or 'allow'), and nothing else",
         )
     keys = data.get("keys", [])
     if not (isinstance(keys, list) and all(isinstance(key, str) and key for key in keys)):
