@@ -762,9 +762,10 @@ _MARKER = re.compile(r"\[REDACTED[^\]]*\]")
 @functools.lru_cache(maxsize=8192)
 def last_key_word(key: str) -> str:
     """The last word of a key, lower-cased: words are split at ``_ - .``, whitespace and camelCase
-    steps (``dbPass`` -> ``pass``, ``DB_PASS`` -> ``pass``, ``bypass`` -> ``bypass``). Markers do
-    not count (``Basic [REDACTED:basic_auth]`` ends with ``basic``)."""
-    words = _KEY_WORDS.findall(_MARKER.sub(" ", key) if "[REDACTED" in key else key)
+    steps (``dbPass`` -> ``pass``, ``DB_PASS`` -> ``pass``, ``bypass`` -> ``bypass``). A marker
+    is one word of its own (``Basic [REDACTED:basic_auth]`` and ``DB_PASS=[REDACTED:...]`` end
+    with it), so that a key whose secret was redacted is not made sensitive by it."""
+    words = _KEY_WORDS.findall(_MARKER.sub(" redacted ", key) if "[REDACTED" in key else key)
     return words[-1].lower() if words else ""
 
 
