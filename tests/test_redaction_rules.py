@@ -240,3 +240,13 @@ def test_redact_shows_the_redacted_text_and_the_rules(
     assert "[REDACTED:assigned_secret]" in capsys.readouterr().out
     path = _rules_file(tmp_path, {"allow": [re.escape(token)]})
     assert cli.main(["redact", "--rules", str(path), token]) == 0
+
+
+def test_user_patterns_may_anchor_a_whole_string() -> None:
+    # `^`/`$` mean the edges of the string being redacted; the one-scan pre-check (where strings
+    # sit between quotes) still finds them
+    redactor = Redactor().with_rules(patterns=[("ssn", r"^\d{3}-\d{2}-\d{4}$")])
+    text = canonical_json({"a": "078-05-1120", "b": "x 078-05-1120", "c": ["078-05-1120"]})
+    assert redactor.redact_canonical(text) == (
+        '{"a":"[REDACTED:ssn]","b":"x 078-05-1120","c":["[REDACTED:ssn]"]}'
+    )

@@ -104,6 +104,35 @@ def _alternation(sources: Iterable[str]) -> str:
     return "|".join(f"(?:{_uncaptured(s)})" for s in sources)
 
 
+def _quote_anchored(source: str) -> str:
+    """``source`` for the scan form: a bare ``^``/``$`` (outside a character class) also accepts
+    a quote, which is where a string of the payload starts or ends there."""
+    out: list[str] = []
+    in_class = False
+    i = 0
+    while i < len(source):
+        c = source[i]
+        if c == "\\":
+            out.append(source[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]" or source[i - 1] == "["
+        elif c == "[":
+            in_class = True
+            if source.startswith("[^", i) or source.startswith("[]", i):
+                out.append(source[i : i + 2])
+                i += 2
+                continue
+        elif c == "^":
+            c = '(?:^|")'
+        elif c == "$":
+            c = '(?:$|")'
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 @dataclass(frozen=True)
 class _Rule:
     """A pattern compiled for the engine."""
@@ -263,6 +292,8 @@ class _Plan:
     folded_needles: tuple[bytes, ...] = ()
     redact_text: Any = None
     """The redactor's own :meth:`Redactor.redact_text` (what the splice redacts strings with)."""
+    owner: Any = None
+    """The redactor (its key rules and key detectors, for the splice)."""
 
 
 @dataclass(frozen=True)
@@ -285,6 +316,7 @@ class Redactor:
     _detector: Any = field(init=False, repr=False, compare=False)
     _set: Any = field(init=False, repr=False, compare=False)
     _probes: dict[tuple[int, ...], Any] = field(init=False, repr=False, compare=False)
+    _key_regexes: tuple[Any, ...] = field(init=False, repr=False, compare=False)
     json_default: Any = field(init=False, repr=False, compare=False)
     """The orjson ``default`` that encodes bytes as base64 *after* redacting them
     (:meth:`redact_bytes`): what the recorder canonicalises payloads with."""
@@ -302,8 +334,9 @@ class Redactor:
             )
         set_(self, "patterns", patterns)
         set_(self, "_rules", tuple(_Rule.of(p) for p in patterns))
-        sources = [p.source for p in patterns] + list(_detectors(keys))
+        sources = [_quote_anchored(p.source) for p in patterns] + list(_detectors(keys))
         set_(self, "_detector", _compile(_alternation(sources), False))
+        set_(self, "_key_regexes", tuple(_compile(d, False) for d in _detectors(keys)))
         regex_set = _re2.Set(_UNANCHORED, _options(capture=False))
         for source in sources:
             if regex_set.Add(_uncaptured(source).encode("utf-8")) < 0:
@@ -412,7 +445,7 @@ class Redactor:
         if redacted is canonical:
             return canonical, returned
         own = self._plan(returned)
-        if own is not None and not own.keys and own.raw_needles is not None:
+        if own is not None and own.raw_needles is not None:
             spliced = _splice(returned, own)
             if spliced is not None:
                 return redacted, spliced
@@ -424,7 +457,7 @@ class Redactor:
         return redacted, as_returned_bytes(value).decode("utf-8")
 
     def _redact_planned(self, canonical: str, plan: _Plan) -> str:
-        if not plan.keys and plan.raw_needles is not None:
+        if plan.raw_needles is not None:
             spliced = _splice(canonical, plan)
             if spliced is not None:
                 return spliced
@@ -453,6 +486,7 @@ class Redactor:
             indexes,
             (),
             self._redact_text,
+            self,
         )
 
     def _probe_of(self, indexes: tuple[int, ...]) -> Any:
@@ -602,6 +636,85 @@ def _quote_map(raw: bytes, scan: bytes) -> bytes:
     return scan_form(held)
 
 
+_KEY_MARKER_BYTES = KEY_MARKER.encode("ascii")
+_GENERIC_MARKER_BYTES = GENERIC_MARKER.encode("ascii")
+
+
+def _string_at(raw: bytes, quotes_at: bytes, closing: int) -> tuple[int, str] | None:
+    """The string whose closing quote is at ``closing`` in the scan form: its index among the
+    text's strings and its decoded value; None when that quote is not a delimiter."""
+    if quotes_at[closing : closing + 1] != b'"':
+        return None
+    index = quotes_at.count(b'"', 0, closing)
+    if index % 2 == 0:
+        return None
+    masked = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__") if b"\\" in raw else raw
+    parts = masked.split(b'"', index + 1)
+    begin = sum(len(p) + 1 for p in parts[:index])
+    text = raw[begin : begin + len(parts[index])]
+    value: str = orjson.loads(b'"' + text + b'"') if b"\\" in text else text.decode("utf-8")
+    return index, value
+
+
+def _keyed_values(
+    raw: bytes, scan: bytes, quotes_at: bytes, owner: Redactor
+) -> dict[int, bytes] | None:
+    """The values the key rules replace whole, by string index: a sensitive key's string value
+    (``[REDACTED]``), a random-looking string under a generic key (``[REDACTED:generic_secret]``).
+    None when the splice cannot do it (a sensitive key whose value is not a string, a pair list,
+    a detector match spanning strings): the caller walks."""
+    out: dict[int, bytes] = {}
+    sensitive, segment, generic = owner._key_regexes
+    for regex in (sensitive, segment):
+        pos, end = 0, len(scan)
+        while pos < end:
+            start, stop = regex.Match(_UNANCHORED, scan, pos, end)[0]
+            if start < 0:
+                break
+            pos = stop
+            closing = stop - 2  # the match ends with `"` and `:` (a key) or `,` (a pair)
+            if quotes_at[closing : closing + 1] != b'"':
+                continue  # a quote inside a string: no key ends there
+            if b'"' in quotes_at[start:closing]:
+                return None  # spans strings: let the walk decide
+            key = _string_at(raw, quotes_at, closing)
+            if key is None:
+                continue
+            index, name = key
+            if not owner.is_sensitive_key(name):
+                continue
+            if scan[stop - 1 : stop] == b",":
+                return None  # maybe a [name, value] pair: the walk knows
+            if scan[stop : stop + 1] != b'"':
+                return None  # a number, an object, a list under a sensitive key
+            out[index + 2] = _KEY_MARKER_BYTES
+    pos, end = 0, len(scan)
+    while pos < end:
+        start, stop = generic.Match(_UNANCHORED, scan, pos, end)[0]
+        if start < 0:
+            break
+        pos = stop
+        value = _string_at(raw, quotes_at, stop - 1)
+        opening = quotes_at.rfind(b'"', 0, stop - 1)
+        if value is None or scan[opening - 1 : opening] != b":":
+            continue  # not `"<key>":"<value>"` with real delimiters
+        key = _string_at(raw, quotes_at, opening - 2)
+        if key is None or key[0] != value[0] - 2:
+            continue
+        if len(out) > _MAX_SPLICE_HITS:
+            return None
+        index, text = value
+        name = key[1]
+        if (
+            index not in out
+            and not owner.is_sensitive_key(name)
+            and owner.is_generic_key(name)
+            and looks_random(text)
+        ):
+            out[index] = _GENERIC_MARKER_BYTES
+    return out
+
+
 def _splice(canonical: str, plan: _Plan) -> str | None:
     """``canonical_json`` of the redacted value, without decoding the whole payload: the strings
     that redaction changes, redacted and written back into the text. None when this shortcut does
@@ -613,16 +726,19 @@ def _splice(canonical: str, plan: _Plan) -> str | None:
     quotes are the delimiters, in the order of the text's). Every match of a rule inside a string
     is found by searching the rule in the whole scan form -- unless a match that overlaps it and
     starts earlier hides it; that earlier match either lies in the same string (which is then
-    redacted whole anyway) or spans a delimiter (and the splice declines). A string without a
-    match of any rule is one the walk leaves alone."""
+    redacted whole anyway) or spans a delimiter (it is dropped, and the search starts again one
+    character after its start). A string without a match of any rule is one the walk leaves
+    alone. The key rules are applied by :func:`_keyed_values`, which declines what only the walk
+    can do."""
     if plan.raw_needles is None or plan.redact_text is None:
         return None
     raw = plan.raw
     scan = scan_form(raw)
     quotes_at = _quote_map(raw, scan)
     hits: set[int] = set()
+    crossings = 0
     for pattern in plan.patterns:
-        regex = _compile(_uncaptured(pattern.source), False)
+        regex = _compile(_uncaptured(_quote_anchored(pattern.source)), False)
         pos, end = 0, len(scan)
         while pos <= end:
             start, stop = regex.Match(_UNANCHORED, scan, pos, end)[0]
@@ -631,7 +747,19 @@ def _splice(canonical: str, plan: _Plan) -> str | None:
             first = start + 1 if scan[start : start + 1] == b'"' else start
             last = stop - 1 if stop - 1 > first and scan[stop - 1 : stop] == b'"' else stop
             if b'"' in quotes_at[first:last]:
-                return None
+                # spans strings (`"Authorization":"..."`): the walk never sees such a text, but
+                # it may hide a match inside a string: one starting here but ending within the
+                # string (searched in the string alone), or one starting later
+                crossings += 1
+                if crossings > _MAX_SPLICE_HITS:
+                    return None
+                quotes = quotes_at.count(b'"', 0, first)
+                if quotes % 2:
+                    closing = quotes_at.find(b'"', first)
+                    if regex.Match(_UNANCHORED, scan, start, closing)[0][0] >= 0:
+                        hits.add(quotes)
+                pos = _next_char(scan, start)
+                continue
             quotes = quotes_at.count(b'"', 0, first)
             if quotes % 2 == 0:  # outside every string (cannot be: a rule matches text)
                 return None
@@ -639,7 +767,13 @@ def _splice(canonical: str, plan: _Plan) -> str | None:
             if len(hits) > _MAX_SPLICE_HITS:
                 return None
             pos = stop if stop > start else _next_char(scan, stop)
-    if not hits:
+    keyed: dict[int, bytes] = {}  # string index -> what replaces the whole value there
+    if plan.keys:
+        found = _keyed_values(raw, scan, quotes_at, plan.owner)
+        if found is None:
+            return None
+        keyed = found
+    if not hits and not keyed:
         return canonical
     masked = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__") if b"\\" in raw else raw
     parts = masked.split(b'"')
@@ -649,10 +783,16 @@ def _splice(canonical: str, plan: _Plan) -> str | None:
     pieces: list[bytes] = []
     done = 0
     redact_text = plan.redact_text
-    for index in sorted(hits):
+    for index in sorted(hits | set(keyed)):
         begin = offsets[index]
         stop = begin + len(parts[index])
         text = raw[begin:stop]
+        replacement = keyed.get(index)
+        if replacement is not None:
+            if text != replacement:
+                pieces += (raw[done:begin], replacement)
+                done = stop
+            continue
         value = orjson.loads(b'"' + text + b'"') if b"\\" in text else text.decode("utf-8")
         redacted = redact_text(value)
         if redacted != value:
