@@ -289,7 +289,6 @@ class _Plan:
     raw_needles: tuple[int, ...] | None = None
     """The indexes of ``patterns`` among the redactor's, when the splice may apply; None
     otherwise (:meth:`Redactor.redact` walks)."""
-    folded_needles: tuple[bytes, ...] = ()
     redact_text: Any = None
     """The redactor's own :meth:`Redactor.redact_text` (what the splice redacts strings with)."""
     owner: Any = None
@@ -484,7 +483,6 @@ class Redactor:
             self._probe_of(indexes),
             raw,
             indexes,
-            (),
             self._redact_text,
             self,
         )
