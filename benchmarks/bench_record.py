@@ -82,6 +82,9 @@ class _NoRedaction(Redactor):
     def redact_canonical(self, canonical: str) -> str:
         return canonical
 
+    def redact_canonical_and_returned(self, canonical: str, returned: str) -> tuple[str, str]:
+        return canonical, returned
+
 
 _Plan = tuple[str, dict[str, Any], list[tuple[str, Any]], dict[str, Any]]
 

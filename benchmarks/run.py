@@ -36,6 +36,7 @@ PACKAGES = (
     "pydantic",
     "pydantic-core",
     "orjson",
+    "google-re2",
 )
 
 

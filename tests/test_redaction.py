@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-import stepfork_otel.trace.redaction as redaction
 from stepfork_otel import Redactor, SecretPattern
 from stepfork_otel.trace.canonical import canonical_json
 from stepfork_otel.trace.redaction import (
@@ -24,8 +23,6 @@ from stepfork_otel.trace.redaction import (
     KEY_MARKER,
     MAX_MESSAGE_CHARS,
     UNSTABLE_MARKER,
-    _found_needles,
-    fold,
 )
 
 
@@ -273,43 +270,6 @@ def test_precheck_is_sound_on_random_fragments_of_every_rule() -> None:
     assert misses == 0
 
 
-def test_grouped_needle_search_finds_exactly_the_needles_present() -> None:
-    # one regex per anchor byte, then in-place comparisons at its hits: the same set as looking
-    # for every needle on its own, overlapping and repeated occurrences included
-    rng = random.Random(99)
-    redactor = Redactor().with_rules(keys=["ssn", "my-Cookie_Jar"])
-    for _ in range(3000):
-        text = canonical_json(_random_payload(rng))
-        for groups, data in (
-            (redactor._raw_groups, text.encode("utf-8")),
-            (redactor._folded_groups, fold(text)),
-        ):
-            expected = {n for g in groups for n in g.needles if n in data}
-            assert _found_needles(groups, data) == expected, text[:200]
-
-
-def test_overlapping_needles_are_all_found() -> None:
-    # "AKIAIza": two needles of one group overlap; the second starts inside the first's match
-    assert _found_needles(DEFAULT_REDACTOR._raw_groups, b"AKIAIza") == {b"AKIA", b"AIza"}
-    google = next(s for s in SECRETS if s.family == "google")
-    for payload in _shapes("AKI" + google.text):  # a Google key glued behind "AKI"
-        _assert_precheck_is_sound(DEFAULT_REDACTOR, payload)
-        assert google.secret not in DEFAULT_REDACTOR.redact_canonical(canonical_json(payload))
-
-
-def test_precheck_misses_are_detected_by_these_tests() -> None:
-    # The property tests above can fail: a redactor whose OpenAI trigger is wrong is caught.
-    broken = Redactor(
-        patterns=tuple(
-            dataclasses.replace(p, prefixes=("sk-x",)) if p.name == "openai_api_key" else p
-            for p in redaction.DEFAULT_PATTERNS
-        )
-    )
-    text = canonical_json({"k": "use sk-u8jzPde0IgxLd6GncfBAepfJBd0Kh8oOOL8dKLzdocJ2isAj"})
-    assert _changed(broken, json.loads(text))
-    assert not broken.may_contain_secret(text)
-
-
 # --- sensitive keys ------------------------------------------------------------------------------
 
 
@@ -434,8 +394,8 @@ def test_redaction_is_deterministic_and_idempotent() -> None:
     assert first == DEFAULT_REDACTOR.redact_canonical(canonical_json(payload))
     assert DEFAULT_REDACTOR.redact_canonical(first) == first
     for pattern in DEFAULT_REDACTOR.patterns:  # no marker looks like a secret
-        for other in DEFAULT_REDACTOR.patterns:
-            assert other.regex.search(pattern.marker) is None
+        for text in (pattern.marker, f"x={pattern.marker}", f"token: {pattern.marker}"):
+            assert DEFAULT_REDACTOR.redact_text(text) == text
 
 
 def test_secrets_used_as_keys_are_redacted_and_collisions_numbered() -> None:
@@ -551,8 +511,8 @@ def test_user_keys_and_untriggered_patterns() -> None:
         "EmployeeNumber": KEY_MARKER,
         "note": "see [REDACTED:emp] and sk-short",
     }
-    # a pattern without triggers cannot be ruled out cheaply: every payload is checked
-    assert custom.may_contain_secret('{"nothing":"here"}')
+    # user patterns join the one RE2 scan: a payload none of them matches is left alone
+    assert not custom.may_contain_secret('{"nothing":"here"}')
     assert custom.redact_canonical('{"nothing":"here"}') == '{"nothing":"here"}'
     # the built-in rules still apply, and the default redactor is unchanged
     assert custom.redact({"token": 1}) == {"token": KEY_MARKER}
@@ -613,17 +573,6 @@ def test_doctest_example() -> None:
         "ssn": "[REDACTED]",
         "q": "Bearer [REDACTED:bearer_token]",
     }
-
-
-# --- folding (what triggers are compared with) ----------------------------------------------------
-
-
-def test_fold_removes_case_separators_and_whitespace_escapes() -> None:
-    assert fold('{"X-Api_Key. ":"A\\tB"}') == b'{"xapikey":"ab"}'
-    # an escaped backslash followed by "t" is not a tab: the "t" stays
-    assert fold('"a\\\\tb"') == b'"atb"'
-    assert fold('"\\u000b\\n\\r\\f\\"\\u0001"') == b'"\\"\\u0001"'
-    assert fold('"ÉTÉ"') == '"été"'.encode()
 
 
 def test_big_integers_stay_exact_in_a_payload_that_needs_redaction() -> None:
@@ -719,7 +668,9 @@ def test_redaction_that_does_not_settle_fails_closed() -> None:
     redacted = shouting.redact_canonical(text)
     assert redacted == '{"q":"' + UNSTABLE_MARKER + '"}'
     assert shouting.redact_canonical(redacted) == redacted
-    glued = Redactor().with_rules(patterns=[("acme", r"(?<![A-Za-z0-9])acme_[a-z0-9]{8}")])
+    glued = Redactor().with_rules(
+        patterns=[("acme", r"(?:^|[^A-Za-z0-9])(?P<secret>acme_[a-z0-9]{8})")]
+    )
     chain = "".join(f"acme_{c * 8}" for c in "abcdefghijklmnopqrstu")  # 21 tokens
     out = glued.redact_canonical(canonical_json({"q": chain}))
     assert "acme_" not in out

@@ -117,7 +117,7 @@ def test_the_recorded_input_is_only_a_shortcut_never_a_match(recording: Recordin
 
 
 @trace_tool
-def fetch(repo: str, auth: str) -> str:
+def fetch(repo: str, note: str) -> str:
     return "ok"
 
 
@@ -153,7 +153,7 @@ def test_a_hand_built_input_holding_a_secret_is_never_taken_as_redacted(
     recording.exporter.clear()
     with pytest.raises(ReplayMismatchError, match="input differs"), ReplaySession(hand_built):
         fetch("x", SECRET)
-    assert _replay_span_inputs(recording) == ['{"auth":"[REDACTED:github_token]","repo":"x"}']
+    assert _replay_span_inputs(recording) == ['{"note":"[REDACTED:github_token]","repo":"x"}']
 
 
 def test_an_input_recorded_under_other_rules_is_redacted_under_the_current_ones(

@@ -1,23 +1,36 @@
-"""Secrets corpus, end to end: an agent whose tool arguments, nested tool outputs, LLM requests and
-responses, exception messages, run input and run output carry every secret family is recorded
-through a real SDK ``TracerProvider``; no secret may reach the bundle file, any span attribute or
-span event attribute seen by an exporter, or a span status description.
+"""Secrets corpus, end to end: an agent whose tool arguments, nested tool outputs, bytes, LLM
+requests and responses, exception messages, run input and run output carry every secret family is
+recorded through a real SDK ``TracerProvider``; no secret may reach the bundle file, any span
+attribute or span event attribute seen by an exporter, a span status description, the OTLP wire
+to a loopback receiver, or the bundles imported from what that receiver got.
+
+``SECRETS`` (tests/test_redaction.py) are hand-written; ``CORPUS`` (tests/secret_families.py) is
+generated: at least 150 secrets across every covered family.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import gzip
+import json
 from pathlib import Path
 from typing import Any
 
 import pydantic
 import pytest
 from conftest import Recording
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+    OTLPSpanExporter as HttpSpanExporter,
+)
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from otlp_receiver import running_receiver
+from secret_families import CORPUS
+from secret_families import Secret as GeneratedSecret
 from test_redaction import SECRETS, Secret
 
-from stepfork_otel import Trace, allm_request, configure, llm_request, record, trace_tool
+from stepfork_otel import Trace, allm_request, cli, configure, llm_request, record, trace_tool
 from stepfork_otel.trace.checks import verify_integrity
 
 
@@ -190,3 +203,106 @@ def test_user_span_names_are_redacted_in_the_bundle(recording: Recording) -> Non
     text = path.read_text()
     assert "hunter2pass" not in text
     assert "B" * 40 not in text
+
+
+# --- the generated corpus: every family, every position, every place a span can reach ------------
+
+
+@trace_tool
+def corpus_tool(note: str, config: dict[str, Any], blob: bytes, raw: bytes) -> dict[str, Any]:
+    """A secret as a tool argument, a nested argument, bytes (UTF-8 and not) -- and back in the
+    output: nested, and as bytes."""
+    return {"result": [{"detail": {"text": note}}], "echo": blob, "raw": raw}
+
+
+@trace_tool
+def corpus_failing_tool(note: str) -> None:
+    raise ValueError(f"lookup failed for {note}")
+
+
+def _corpus_agent(secret: GeneratedSecret, path: Path) -> None:
+    note = f"debug dump: {secret.text} (from env)"
+    with record(path, input={"task": note}) as run:
+        corpus_tool(
+            note,
+            {"servers": [{"primary": {"connection": note}}]},
+            note.encode("utf-8"),
+            b"\xff\xfe" + note.encode("utf-8") + b"\x00",
+        )
+        with pytest.raises(ValueError, match="lookup failed"):
+            corpus_failing_tool(note)
+        llm_request(
+            provider="openai",
+            model="gpt-4.1-mini",
+            input={"messages": [{"role": "user", "content": f"Why does this fail? {note}"}]},
+            call=lambda: {"choices": [{"message": {"role": "assistant", "content": note}}]},
+        )
+        run.set_output({"answer": note, "nested": [{"k": note}]})
+
+
+def _forms(secret: GeneratedSecret) -> list[str]:
+    """What must not appear: the secret, each line of it (PEM bodies), and its JSON-escaped form."""
+    forms = [line for line in secret.secret.splitlines() if len(line) >= 6] or [secret.secret]
+    return [*forms, *(json.dumps(f)[1:-1] for f in forms)]
+
+
+def _leaks(secret: GeneratedSecret, text: str) -> bool:
+    return any(form in text for form in _forms(secret))
+
+
+def _decoded_blobs(trace: Trace) -> list[str]:
+    """The bytes a bundle holds (base64 in the payloads), decoded."""
+    out = []
+    for event in trace.events:
+        for text in (getattr(event, "input", None), getattr(event, "output", None)):
+            if text and ('"blob"' in text or '"echo"' in text):
+                value = json.loads(text)
+                for key in ("blob", "raw", "echo"):
+                    if isinstance(value, dict) and isinstance(value.get(key), str):
+                        out.append(base64.b64decode(value[key]).decode("latin-1"))
+    return out
+
+
+def test_generated_corpus_never_leaves_the_process(
+    recording: Recording, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """At least 150 generated secrets, across every covered family, each in every position (tool
+    argument, nested argument, nested output, bytes both ways, exception message, LLM input and
+    output, run input and output): none reaches the bundle bytes (base64 decoded too), any
+    exported span attribute, event or status, the OTLP wire to a loopback receiver, or the bundles
+    ``stepfork import`` rebuilds from what the receiver got."""
+    assert len(CORPUS) >= 150
+    configure(max_span_payload_bytes=100_000)
+    with running_receiver(tmp_path / "collector" / "traces.jsonl") as receiver:
+        wire = BatchSpanProcessor(HttpSpanExporter(endpoint=receiver.http_endpoint, timeout=10))
+        recording.provider.add_span_processor(wire)
+        leaks: list[str] = []
+        for n, secret in enumerate(CORPUS):
+            path = tmp_path / "local" / f"{n:03d}.sftrace"
+            recording.exporter.clear()
+            _corpus_agent(secret, path)
+            data = path.read_text("utf-8")
+            trace = Trace.load(path)
+            assert verify_integrity(trace) == []
+            assert len(trace.calls) == 3, secret.family
+            if _leaks(secret, data) or any(_leaks(secret, b) for b in _decoded_blobs(trace)):
+                leaks.append(f"{secret.family}: bundle")
+            for span in recording.exporter.get_finished_spans():
+                if any(_leaks(secret, t) for t in _span_texts(span)):
+                    leaks.append(f"{secret.family}: span {span.name!r}")
+        assert wire.force_flush(30_000)
+        assert receiver.spans == 4 * len(CORPUS)  # the run and its three calls
+        received = receiver.output.read_text("utf-8")
+    for secret in CORPUS:
+        if _leaks(secret, received):
+            leaks.append(f"{secret.family}: OTLP wire")
+    capsys.readouterr()
+    out = tmp_path / "imported"
+    assert cli.main(["import", str(receiver.output), "-o", str(out)]) == 0
+    imported = sorted(out.glob("*.sftrace"))
+    assert len(imported) == len(CORPUS)
+    texts = [p.read_text("utf-8") for p in imported]
+    for secret in CORPUS:
+        if any(_leaks(secret, t) for t in texts):
+            leaks.append(f"{secret.family}: imported bundle")
+    assert leaks == []

@@ -35,7 +35,13 @@ from stepfork_otel.trace.models import (
     ToolResult,
     Trace,
 )
-from stepfork_otel.trace.redaction import KEY_MARKER, Redactor, SecretPattern
+from stepfork_otel.trace.redaction import (
+    GENERIC_MARKER,
+    KEY_MARKER,
+    Redactor,
+    SecretPattern,
+    looks_random,
+)
 from stepfork_otel.trace.redaction.engine import _splice
 
 try:  # where the binder lives after the recording refactor
@@ -147,16 +153,32 @@ _REDACTORS = (
 
 def _obvious(redactor: Redactor, value: Any) -> Any:
     """Redaction as the documentation states it: every string redacted with every pattern, every
-    value under a sensitive key replaced whole, every key redacted too -- a redacted key that is
+    value under a sensitive key (or pair name) replaced whole, a random-looking string under a
+    generic key too, every key redacted -- a redacted key that is
     taken gets the first free ``#<n>`` (n >= 2), in the order of the decoded (sorted) keys."""
     if isinstance(value, str):
         return redactor.redact_text(value)
     if isinstance(value, list):
+        if value and all(
+            isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) for v in value
+        ):
+            # [name, value] pairs (headers as tuples): a sensitive name hides its value
+            return [
+                [redactor.redact_text(n), KEY_MARKER]
+                if redactor.is_sensitive_key(n)
+                else _obvious(redactor, [n, v])
+                for n, v in value
+            ]
         return [_obvious(redactor, v) for v in value]
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for key, item in value.items():
-            redacted = KEY_MARKER if redactor.is_sensitive_key(key) else _obvious(redactor, item)
+            if redactor.is_sensitive_key(key):
+                redacted: Any = KEY_MARKER
+            elif isinstance(item, str) and redactor.is_generic_key(key) and looks_random(item):
+                redacted = GENERIC_MARKER  # a random-looking value under a generic key
+            else:
+                redacted = _obvious(redactor, item)
             name = redactor.redact_text(key)
             if name in out:
                 n = 2

@@ -25,14 +25,22 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any, NoReturn, TextIO
 
-from stepfork_otel.cli import diff_cmd, export_cmd, import_cmd, replay_cmd, show_cmd, validate_cmd
+from stepfork_otel.cli import (
+    diff_cmd,
+    export_cmd,
+    import_cmd,
+    redaction_cmd,
+    replay_cmd,
+    show_cmd,
+    validate_cmd,
+)
 from stepfork_otel.cli._common import EXIT_BAD_INPUT, EXIT_OK, CliError, print_error, styled_line
 from stepfork_otel.trace.errors import BundleError
 
 
 def command_modules() -> list[ModuleType]:
     """The command modules, in the order ``stepfork --help`` lists them."""
-    return [replay_cmd, validate_cmd, export_cmd, show_cmd, diff_cmd, import_cmd]
+    return [replay_cmd, validate_cmd, export_cmd, show_cmd, diff_cmd, import_cmd, redaction_cmd]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -37,6 +37,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from stepfork_otel.config import CONFIG
 from stepfork_otel.otel.processor import SftraceSpanProcessor
+from stepfork_otel.otel.redacting import enable_span_redaction
 from stepfork_otel.trace.redaction import Redactor
 
 logger = logging.getLogger("stepfork_otel")
@@ -103,6 +104,7 @@ def configure(
     capture_content: bool | None = None,
     max_open_traces: int | None = None,
     max_spans_per_trace: int | None = None,
+    redact_all_spans: bool | None = None,
 ) -> SftraceSpanProcessor:
     """Attach stepfork to OpenTelemetry and set recording options; returns the bundle processor.
 
@@ -111,6 +113,10 @@ def configure(
     ``configure`` again replaces the options and, if ``directory`` or ``tracer_provider`` is given,
     the processor. ``max_open_traces`` (default 1000) and ``max_spans_per_trace`` (default
     10,000) bound the processor's memory (see :class:`SftraceSpanProcessor`).
+    ``redact_all_spans``: also redact, with the same rules, the attributes, events and status of
+    *every* span of the provider before any processor exports it -- spans of other
+    instrumentations (OpenAI, OpenInference, HTTP clients) included (see
+    :mod:`stepfork_otel.otel.redacting`).
     """
     for name, cap in (
         ("max_open_traces", max_open_traces),
@@ -129,6 +135,8 @@ def configure(
         changes["capture_content"] = capture_content
     if changes:
         CONFIG.update(**changes)
+    if redact_all_spans:
+        enable_span_redaction(tracer_provider)
     global _processor
     with _lock:
         current = _processor

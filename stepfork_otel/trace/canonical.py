@@ -16,7 +16,9 @@ The rules (documented for users in ``docs/bundle-format.md``):
   (``numpy.float64``) are floats;
 * tuples (named tuples too) and lists: arrays; sets and frozensets: arrays sorted by their
   elements' canonical JSON (so ``{1, "a"}`` is ``["a",1]``: ``"`` sorts before digits);
-* ``bytes``/``bytearray``/``memoryview``: standard base64 strings;
+* ``bytes``/``bytearray``/``memoryview``: standard base64 strings -- of the bytes as redaction left
+  them, when a redactor is given (see :func:`canonical_bytes`): a secret in bytes is redacted in
+  the bytes, before they are encoded;
 * ``datetime``/``date``/``time``: ISO 8601 / RFC 3339 strings, with the UTC offset when the value
   has one (``2024-01-02T03:04:05+00:00``, ``01:02:03+05:30``) and without when it is naive;
 * ``UUID``: string; ``Enum``: its value; ``Decimal`` and ``pathlib`` paths: ``str()``;
@@ -52,7 +54,7 @@ import math
 import pathlib
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -78,15 +80,21 @@ class _SetFound(TypeError):
     """Raised inside orjson's ``default`` to send a value holding a set down the slow path."""
 
 
-def _default(value: Any) -> Any:
+BytesHook = Callable[[bytes], bytes]
+
+
+def _default(value: Any, redact_bytes: BytesHook | None = None) -> Any:
     # Called by orjson for types it does not encode itself; whatever it returns is encoded again.
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        if redact_bytes is not None:
+            data = redact_bytes(data)
+        return base64.b64encode(data).decode("ascii")
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     if isinstance(value, (set, frozenset)):
         # sorted by canonical element: done by _normalise, which also counts nesting exactly
         raise _SetFound
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, pydantic.BaseModel):
         try:
             return _pydantic_json(value)
@@ -164,7 +172,13 @@ def _key(key: Any) -> str:
     raise UnserialisableError(f"dict key of type {type(key).__qualname__}")
 
 
-def _normalise(value: Any, depth: int = 0) -> Any:
+def bytes_default(redact_bytes: BytesHook) -> Callable[[Any], Any]:
+    """The orjson ``default`` that redacts bytes with ``redact_bytes`` before encoding them (what
+    :func:`canonical_bytes` takes as ``default``; build it once per redactor)."""
+    return functools.partial(_default, redact_bytes=redact_bytes)
+
+
+def _normalise(value: Any, depth: int = 0, default: Callable[[Any], Any] = _default) -> Any:
     """Rewrite the parts orjson rejects (non-str keys, huge ints, surrogates) into encodable ones.
 
     Only reached when the fast path failed, so its cost does not matter for ordinary payloads.
@@ -189,13 +203,14 @@ def _normalise(value: Any, depth: int = 0) -> Any:
             key = _key(k)
             if key in out:
                 raise UnserialisableError(f"dict keys collide as {key!r}")
-            out[key] = _normalise(v, depth + 1)
+            out[key] = _normalise(v, depth + 1, default)
         return out
     if isinstance(value, (list, tuple)):
-        return [_normalise(v, depth + 1) for v in value]
+        return [_normalise(v, depth + 1, default) for v in value]
     if isinstance(value, (set, frozenset)):
         items = sorted(
-            orjson.dumps(_normalise(v, depth + 1), default=_default, option=_OPTIONS) for v in value
+            orjson.dumps(_normalise(v, depth + 1, default), default=default, option=_OPTIONS)
+            for v in value
         )
         return [orjson.Fragment(b) for b in items]
     if isinstance(value, datetime.time) and value.tzinfo is not None:
@@ -203,28 +218,31 @@ def _normalise(value: Any, depth: int = 0) -> Any:
     if _is_native(value):
         return value
     # a converted value (dataclass -> object, enum -> value, ...) is not a level of its own
-    return _normalise(_default(value), depth)
+    return _normalise(default(value), depth, default)
 
 
 def _is_native(value: Any) -> bool:
     return isinstance(value, (datetime.datetime, datetime.date, datetime.time, uuid.UUID))
 
 
-def canonical_bytes(value: Any) -> bytes:
-    """Canonical JSON of ``value`` as UTF-8 bytes. Raises :class:`UnserialisableError`."""
-    return _encode(value, _OPTIONS)
+def canonical_bytes(value: Any, default: Callable[[Any], Any] = _default) -> bytes:
+    """Canonical JSON of ``value`` as UTF-8 bytes. Raises :class:`UnserialisableError`.
+
+    ``default``: :func:`bytes_default` of a redactor's bytes hook, so that bytes are redacted as
+    bytes before they become base64 (the recorder passes its redactor's)."""
+    return _encode(value, _OPTIONS, default)
 
 
-def as_returned_bytes(value: Any) -> bytes:
+def as_returned_bytes(value: Any, default: Callable[[Any], Any] = _default) -> bytes:
     """``value`` encoded like :func:`canonical_bytes` but with its objects' keys in the order
     the value holds them (the order a call returned them), not sorted. Raises
     :class:`UnserialisableError` where :func:`canonical_bytes` does."""
-    return _encode(value, _AS_RETURNED)
+    return _encode(value, _AS_RETURNED, default)
 
 
-def _encode(value: Any, option: int) -> bytes:
+def _encode(value: Any, option: int, default: Callable[[Any], Any] = _default) -> bytes:
     try:
-        return orjson.dumps(value, default=_default, option=option)
+        return orjson.dumps(value, default=default, option=option)
     except UnserialisableError:
         raise
     except (TypeError, orjson.JSONEncodeError) as exc:
@@ -232,8 +250,8 @@ def _encode(value: Any, option: int) -> bytes:
         if cause is not None:
             raise cause from None
         try:
-            normalised = _normalise(value)
-            return orjson.dumps(normalised, default=_default, option=option)
+            normalised = _normalise(value, 0, default)
+            return orjson.dumps(normalised, default=default, option=option)
         except UnserialisableError:
             raise
         except RecursionError:

@@ -73,15 +73,16 @@ def capture(
     whose redaction changes something is also walked in returned order with the rules the one
     pre-check selected (the slow path such a value takes anyway)."""
     unserialisable = False
+    default = redactor.json_default  # bytes are redacted as bytes, before they become base64
     try:
-        raw = canonical_bytes(value)
+        raw = canonical_bytes(value, default)
     except UnserialisableError as exc:
         raw = canonical_bytes(unserialisable_marker(value, str(exc)))
         unserialisable = True
     text = raw.decode("utf-8")
     as_returned = None
     if keep_order and not unserialisable:
-        plain = as_returned_bytes(value).decode("utf-8")
+        plain = as_returned_bytes(value, default).decode("utf-8")
         if plain == text:  # its keys were in sorted order already
             redacted = redactor.redact_canonical(text)
         else:  # one pre-check for both forms; the returned one keeps its key order

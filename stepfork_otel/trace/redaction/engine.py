@@ -1,194 +1,276 @@
 """The redaction engine: the rules of :mod:`stepfork_otel.trace.redaction.rules` applied to
-canonical JSON texts, JSON-shaped values and exception messages.
+canonical JSON texts, JSON-shaped values and free text, with RE2 (linear time in the input for
+every rule, whatever the input: no backtracking).
 
-Why the fast path looks the way it does: walking every string of every payload with a dozen
-regular expressions costs several times a bare span at 2 KB. Instead the canonical JSON text (which
-exists anyway, for the fingerprint) is checked for *needles*: literal texts that every match of a
-rule must contain. Keys give ``<word>":``; patterns declare ``triggers`` (compared on the *folded*
-text: ASCII lower case, without ``_ - .``, whitespace and the JSON escapes of whitespace, so that
-``pass_word`` and ``Api-Key`` fold to plain words) and ``prefixes`` (case-sensitive, on the text as
-is). One substring test costs about as much as hashing the payload and there are some forty
-needles, so they are grouped: a greedy cover picks anchor bytes (rare ones, each shared by many
-needles), one regular expression per anchor finds any needle of its group, and a group whose
-anchor byte does not occur is skipped by one ``memchr``. Only when a needle is found are the rules
-it belongs to worked out; a pattern may then ``confirm`` on the raw text (``sk-`` followed by 20
-token characters, ``://`` followed by an ``@``) so that ``task-1`` or a plain URL does not cost a
-walk. Only then is the payload redacted -- with just the rules whose needles were found, and only
-in the strings that hold one of those needles: a match lies inside one string and contains a
-needle, so the strings are found from where the needles are in the text (the quotes around them
-are counted), redacted, and spliced back into the text (``_splice``); the output is byte for byte
-what decoding, walking and re-encoding gives. A payload where that shortcut does not apply (a
-sensitive key, a secret used as a key, non-ASCII text, a needle holding a quote) is decoded and
-walked, and each string is first searched with one alternation of the selected patterns.
+The hot path is one scan. The canonical JSON text of a payload exists anyway (for the
+fingerprint); its *scan form* -- the text with JSON escapes decoded in place (``\\n`` becomes a
+newline, ``\\"`` a quote) -- holds every string of the payload verbatim, each between two quotes.
+One RE2 regular expression, the alternation of every rule plus three key detectors, is searched
+in it. The rules are written so that a match inside a string is also a match in the scan form
+(a quote is a boundary, as the edge of a string is; see the rules module), and the key detectors
+match wherever a dict key would be redacted (a key ending with a sensitive word, a key whose last
+word is short one, a generic key followed by a random-looking string), so *no match means
+redaction would change nothing*: the payload is recorded as it is. That is the common case and
+costs one RE2 search (about a microsecond per kilobyte) plus decoding escapes when there are any.
 
-A needle is deliberately looser than its rule: a false alarm costs time, never correctness. Words
-such as "bearer" and "basic" are both needles and ordinary English; a payload holding them is
-walked with those two patterns only (which then leave "basic information" alone). What was
-rejected: a trigger on the last three letters of each key (``ion":`` fired on every
-``"destination":``), bare ``pass``/``token`` (``passengers``, ``max_tokens``), prefixes matched only
-at the start of a token-like run (missed ``key_sk-...``), and one alternation regex (the ``re``
-engine tries every branch at every position: slower than forty substring tests).
-``tests/test_redaction.py`` checks that the pre-check says "maybe" for every payload that redaction
-would change, for each secret family in many positions, and on random fragments of every rule;
-``tests/test_shortcuts.py`` checks that the splice gives what decoding and walking gives.
+Only when something matched (rare: a secret, or a false alarm) is the payload redacted. An RE2
+set match tells which rules matched somewhere; then either the *splice* (a payload without
+escapes and without a sensitive key: the strings the matches lie in are redacted and written back
+into the text, byte for byte what decoding, walking and re-encoding gives) or the *walk* (decode,
+redact every key and string that the alternation of the matched rules finds something in,
+re-encode).
+
+Redacting one string: every rule that matches it (an RE2 set match says which) is searched on the
+original text; the ``secret`` group(s) of every match that passes its rule's filters (allow-list,
+entropy, not a marker already) are collected; overlapping parts are merged and each merged part
+becomes the marker of its first rule. Then the same again on the result until nothing changes:
+a match may need the boundary that a neighbouring secret (now a marker) provided. A text that
+still changes after ``_MAX_PASSES`` passes becomes ``UNSTABLE_MARKER`` (fail closed; redaction is
+idempotent for any rules). Every step is linear in the text, and the number of passes is bounded.
+
+``tests/test_shortcuts.py`` checks that pre-check, splice and walk give what the obvious version
+(every rule on every string) gives; ``tests/test_redaction_linear.py`` that adversarial inputs
+cost what benign ones of the same size do.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from re2 import _re2
 
-from stepfork_otel.trace.canonical import as_returned_bytes, canonical_json
+from stepfork_otel.trace.canonical import as_returned_bytes, bytes_default, canonical_json
 from stepfork_otel.trace.canonical import loads as canonical_loads
 from stepfork_otel.trace.redaction.rules import (
     DEFAULT_PATTERNS,
     DEFAULT_SENSITIVE_KEYS,
+    GENERIC_KEY_WORDS,
+    GENERIC_MARKER,
     KEY_MARKER,
     MAX_MESSAGE_CHARS,
+    SEGMENT_KEYS,
     UNSTABLE_MARKER,
     SecretPattern,
-    _assigned,
     _assignment,
     _normalise_key,
+    entropy,
+    last_key_word,
+    looks_random,
 )
 
-#: The built-in patterns: their sources are known to combine into one probe (see :func:`_probe`).
-_BUILT_IN = frozenset(DEFAULT_PATTERNS)
+_UNANCHORED = _re2.RE2.Anchor.UNANCHORED
+_ANCHOR_BOTH = _re2.RE2.Anchor.ANCHOR_BOTH
+_NO_MATCH = (-1, -1)
+#: RE2 memory budget per compiled expression: enough for the DFA of the whole rule set to stay
+#: cached (past the budget RE2 falls back to its NFA: still linear, several times slower).
+_MAX_MEM = 256 << 20
 
 
-# --- folding and needles ---------------------------------------------------------------------------
-
-_ASCII_LOWER = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ", b"abcdefghijklmnopqrstuvwxyz")
-_FOLD_DELETE = b" \t\n\r\f\v_-."
-# JSON escapes of the whitespace that folding removes; an escaped backslash is consumed as a
-# whole so that the "t" of `\\t` (a backslash, then a letter) is not read as a tab.
-_WHITESPACE_ESCAPE = re.compile(rb"\\(?:[\\tnrf]|u000b)")
-
-
-def fold(text: str) -> bytes:
-    """The folded form of a canonical JSON text that triggers and key needles are compared with:
-    UTF-8, lower case, without ``_ - .`` and whitespace (raw or as a JSON escape)."""
-    data = text.encode("utf-8") if text.isascii() else text.lower().encode("utf-8")
-    if b"\\" in data:
-        data = _WHITESPACE_ESCAPE.sub(b"", data)
-    return data.translate(_ASCII_LOWER, _FOLD_DELETE)
+def _options(*, capture: bool) -> Any:
+    options = _re2.RE2.Options()
+    options.log_errors = False
+    options.max_mem = _MAX_MEM
+    options.never_capture = not capture
+    return options
 
 
-def _escaped(text: str) -> str:
-    """``text`` as it appears inside a canonical JSON string."""
-    return canonical_json(text)[1:-1]
+@functools.lru_cache(maxsize=4096)
+def _compile(source: str, capture: bool = True) -> Any:
+    regex = _re2.RE2(source.encode("utf-8"), _options(capture=capture))
+    if not regex.ok():
+        raise ValueError(f"not a regular expression RE2 accepts: {regex.error().decode()}")
+    return regex
 
 
-# Rough frequency (percent) of bytes in canonical JSON payloads: English letters (capitals an
-# eighth as often), digits and JSON syntax; unlisted bytes count as rare. Used only to choose cheap
-# anchor bytes, never for correctness.
-_LETTERS = "etaoinsrhldcumfpgwybvkxjqz"
-_LETTER_PERCENT: tuple[float, ...] = (
-    9.0,
-    6.5,
-    5.8,
-    5.5,
-    5.2,
-    4.9,
-    4.6,
-    4.5,
-    4.0,
-    3.1,
-    2.9,
-    2.1,
-    2.0,
-)
-_LETTER_PERCENT += (1.7, 1.6, 1.4, 1.4, 1.4, 1.4, 1.1, 1.1, 0.7, 0.6, 0.12, 0.1, 0.08)
-_SYNTAX = '" :,{}[]_-./\\'
-_SYNTAX_PERCENT = (12.0, 10.0, 4.5, 3.5, 1.0, 1.0, 0.4, 0.4, 1.2, 0.6, 0.5, 0.3, 0.4)
-_FREQUENCY: dict[int, float] = {
-    **dict.fromkeys(b"0123456789", 0.8),
-    **{ord(c): f for c, f in zip(_SYNTAX, _SYNTAX_PERCENT, strict=True)},
-    **{ord(c): f for c, f in zip(_LETTERS, _LETTER_PERCENT, strict=True)},
-    **{ord(c.upper()): f / 8 for c, f in zip(_LETTERS, _LETTER_PERCENT, strict=True)},
-}
-_DESIGN_SIZE = 2048  # payload size the anchor choice is tuned for
+def check_pattern(source: str) -> None:
+    """Raise ``ValueError`` (saying why) unless RE2 accepts ``source`` as a redaction pattern."""
+    _compile(source)
 
 
-def _anchor_cost(byte: int, members: list[bytes]) -> float:
-    """Expected cost of one anchored search, in scans of a payload: a scan when the byte occurs,
-    plus per hit a quick first-byte test for each member, or a look-behind for a member whose
-    anchor is its last byte (nothing left to compare forward)."""
-    p = _FREQUENCY.get(byte, 0.01) / 100
-    present = 1 - (1 - p) ** _DESIGN_SIZE
-    per_hit = 0.01 + sum(0.03 if n.index(byte) == len(n) - 1 else 0.004 for n in members)
-    return present * (1.0 + _DESIGN_SIZE * p * per_hit)
+_GROUP_NAME = re.compile(r"\(\?P<[A-Za-z_][A-Za-z0-9_]*>")
+
+
+def _uncaptured(source: str) -> str:
+    """``source`` with its named groups made plain (so that sources can be joined)."""
+    return _GROUP_NAME.sub("(?:", source)
+
+
+def _alternation(sources: Iterable[str]) -> str:
+    return "|".join(f"(?:{_uncaptured(s)})" for s in sources)
+
+
+def _quote_anchored(source: str) -> str:
+    """``source`` for the scan form: a bare ``^``/``$`` (outside a character class) also accepts
+    a quote, which is where a string of the payload starts or ends there."""
+    out: list[str] = []
+    in_class = False
+    i = 0
+    while i < len(source):
+        c = source[i]
+        if c == "\\":
+            out.append(source[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]" or source[i - 1] == "["
+        elif c == "[":
+            in_class = True
+            if source.startswith("[^", i) or source.startswith("[]", i):
+                out.append(source[i : i + 2])
+                i += 2
+                continue
+        elif c == "^":
+            c = '(?:^|")'
+        elif c == "$":
+            c = '(?:$|")'
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 @dataclass(frozen=True)
-class _Group:
-    """Needles that share an anchor byte, and one regex that finds any of them."""
+class _Rule:
+    """A pattern compiled for the engine."""
 
-    anchor: int
-    needles: tuple[bytes, ...]
-    regex: re.Pattern[bytes]
-    placed: tuple[tuple[bytes, int], ...]
-    """Each needle with the offset of the anchor in it (where the regex's match starts)."""
+    pattern: SecretPattern
+    regex: Any
+    groups: tuple[int, ...]
+    """Indexes of the secret groups (empty: the whole match is the secret)."""
+    allow: Any
+    """Compiled alternation of the allow-list (anchored at both ends when used), or None."""
+    marker: bytes
 
     @classmethod
-    def of(cls, anchor: int, needles: list[bytes]) -> _Group:
-        # at the anchor (its first occurrence in each needle), compare what follows it, then
-        # look back over the whole needle
-        alternatives = b"|".join(
-            re.escape(n[n.index(anchor) + 1 :]) + b"(?<=" + re.escape(n) + b")" for n in needles
+    def of(cls, pattern: SecretPattern) -> _Rule:
+        regex = _compile(pattern.source)
+        groups = tuple(
+            index
+            for name, index in sorted(regex.NamedCapturingGroups(), key=lambda item: item[1])
+            if name.startswith(b"secret")
         )
-        regex = re.compile(re.escape(bytes([anchor])) + b"(?:" + alternatives + b")")
-        placed = tuple((n, n.index(anchor)) for n in needles)
-        return cls(anchor, tuple(needles), regex, placed)
+        allow = _compile(_alternation(pattern.allow), False) if pattern.allow else None
+        return cls(pattern, regex, groups, allow, pattern.marker.encode("utf-8"))
+
+    def spans(self, data: bytes) -> list[tuple[int, int]]:
+        """The secret parts of every match of this rule in ``data`` (UTF-8), as byte offsets."""
+        out: list[tuple[int, int]] = []
+        match = self.regex.Match
+        end = len(data)
+        pos = 0
+        while pos <= end:
+            found = match(_UNANCHORED, data, pos, end)
+            start, stop = found[0]
+            if start < 0:
+                break
+            if self.groups:
+                for index in self.groups:
+                    s, e = found[index]
+                    if s >= 0 and e > s and self._keep(data, s, e):
+                        out.append((s, e))
+            elif stop > start and self._keep(data, start, stop):
+                out.append((start, stop))
+            pos = stop if stop > start else _next_char(data, stop)
+        return out
+
+    def _keep(self, data: bytes, start: int, end: int) -> bool:
+        if data.startswith(b"[REDACTED:", start) and _NAMED_MARKER.fullmatch(data, start, end):
+            return False  # a rule's marker already: redaction is idempotent
+        if self.allow is not None and self.allow.Match(_ANCHOR_BOTH, data, start, end)[0][0] >= 0:
+            return False
+        if self.pattern.min_entropy:
+            text = data[start:end].decode("utf-8", "replace")
+            return looks_random(text) and entropy(text) >= self.pattern.min_entropy
+        return True
 
 
-def _group_needles(needles: Iterable[bytes]) -> tuple[_Group, ...]:
-    """Needles grouped by anchor byte (a greedy set cover: bytes that cover many needles cheaply).
-    A needle that contains another needle is implied by it and left out."""
-    kept: list[bytes] = []
-    for needle in sorted(set(needles), key=lambda n: (len(n), n)):
-        if not any(k in needle for k in kept):
-            kept.append(needle)
-    groups: list[_Group] = []
-    while kept:
-        covering = {b: [n for n in kept if b in n] for n in kept for b in n}
-        anchor = min(covering, key=lambda b: (_anchor_cost(b, covering[b]) / len(covering[b]), b))
-        groups.append(_Group.of(anchor, covering[anchor]))
-        kept = [n for n in kept if anchor not in n]
-    return tuple(groups)
+#: A rule's marker. ``[REDACTED]`` (what a sensitive key leaves) is not one: written into text
+#: under a key, it is redacted again as the secret was (see the rules' ``_VALUE``).
+_NAMED_MARKER = re.compile(rb"\[REDACTED:[A-Za-z0-9_.-]*\]")
 
 
-def _found_needles(groups: tuple[_Group, ...], data: bytes) -> set[bytes]:
-    """Every grouped needle that occurs in ``data``. A group whose anchor byte is absent costs one
-    ``memchr``; otherwise its regex finds each anchor position where some needle matches, and
-    there each of the group's needles is compared in place (two needles can match at the same
-    anchor, and the regex reports one): a few comparisons per hit, not a scan per needle."""
-    found: set[bytes] = set()
-    for g in groups:
-        if g.anchor not in data:
-            continue
-        match = g.regex.search(data)
-        while match is not None:
-            at = match.start()
-            for needle, offset in g.placed:
-                if at >= offset and data.startswith(needle, at - offset):
-                    found.add(needle)
-            match = g.regex.search(data, at + 1)
-    return found
+def _next_char(data: bytes, pos: int) -> int:
+    """The offset of the UTF-8 character after the one at ``pos``."""
+    pos += 1
+    while pos < len(data) and (data[pos] & 0xC0) == 0x80:
+        pos += 1
+    return pos
 
 
-def _implied(
-    groups: tuple[_Group, ...], needles: Iterable[tuple[int, Iterable[bytes]]]
-) -> dict[bytes, tuple[tuple[int, bytes], ...]]:
-    """For each grouped needle, the (owner, needle) pairs whose needle contains it: finding the
-    grouped one is what makes each of those worth looking for."""
-    pairs = [(owner, n) for owner, ns in needles for n in ns]
-    return {g: tuple((o, n) for o, n in pairs if g in n) for grp in groups for g in grp.needles}
+# --- the scan form of a canonical JSON text ----------------------------------------------------
+
+_ESCAPE = re.compile(rb'\\(?:u([0-9a-fA-F]{4})|(["\\/bfnrt]))')
+_ESCAPED = {b'"': b'"', b"\\": b"\\", b"/": b"/", b"b": b"\b", b"f": b"\f", b"n": b"\n"}
+_ESCAPED.update({b"r": b"\r", b"t": b"\t"})
+
+
+def _unescape_one(match: re.Match[bytes]) -> bytes:
+    if match.group(1) is not None:
+        return chr(int(match.group(1), 16)).encode("utf-8", "surrogatepass")
+    return _ESCAPED[match.group(2)]
+
+
+def scan_form(data: bytes) -> bytes:
+    """``data`` (canonical JSON, UTF-8) with every JSON escape decoded in place: each string of
+    the payload appears verbatim in it, between two quotes."""
+    if b"\\" not in data:
+        return data
+    try:
+        # C speed: JSON's escapes are Python's, but for \/ (which canonical JSON never writes);
+        # bytes >= 0x80 come back as themselves through Latin-1
+        return data.decode("unicode_escape").encode("latin-1")
+    except (UnicodeError, DeprecationWarning):  # \u beyond U+00FF, or \/: read each escape
+        return _ESCAPE.sub(_unescape_one, data)
+
+
+# --- key detectors (for the scan form): a superset of the keys the walk redacts ---------------
+
+_SEP_CHARS = r"[ \t\n\r\f\v_.\-]*"
+
+
+def _key_detector(words: Iterable[str], end: str) -> str:
+    """Matches ``<key>":`` (``end``; ``<name>",`` for a pair) in the scan form wherever the
+    normalised key ends with one of ``words``: its letters, any of the removed separators between
+    and after them."""
+    spelled = "|".join(_SEP_CHARS.join(re.escape(c) for c in word) for word in words)
+    return rf"(?i:{spelled}){_SEP_CHARS}{end}"
+
+
+#: A key is *generic* when this finds a generic word followed by at most 20 key characters at
+#: its end (gitleaks' generic rule: ``<word>[ \t\w.-]{0,20}`` before the assignment).
+_GENERIC_KEY_TAIL = r"[A-Za-z0-9_. -]{0,20}"
+_GENERIC_KEY = "(?i:" + "|".join(GENERIC_KEY_WORDS) + ")" + _GENERIC_KEY_TAIL
+_GENERIC_VALUE = r"[A-Za-z0-9_.=+/~-]{12,}"
+
+
+@functools.lru_cache(maxsize=8192)
+def _is_generic_key(key: str) -> bool:
+    data = key.encode("utf-8", "surrogatepass")
+    found: int = _compile(_GENERIC_KEY + "$", False).Match(_UNANCHORED, data, 0, len(data))[0][0]
+    return found >= 0
+
+
+def _detectors(sensitive: tuple[str, ...]) -> tuple[str, ...]:
+    """Key detectors: a sensitive key or pair name, a short last word, a generic key with a
+    random-looking string value."""
+    segment = "(?i:" + "|".join(SEGMENT_KEYS) + r')[^A-Za-z0-9]*"[:,]'
+    generic = rf'{_GENERIC_KEY}":"{_GENERIC_VALUE}"'
+    return (_key_detector(sensitive, '"[:,]'), segment, generic)
+
+
+def _is_pair_list(value: list[Any] | tuple[Any, ...]) -> bool:
+    """A list of ``[name, value]`` pairs (headers or query parameters as tuples)."""
+    return bool(value) and all(
+        isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)
+        for item in value
+    )
+
+
+# --- the redactor --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -196,37 +278,21 @@ class _Plan:
     """What the slow path has to do with one payload."""
 
     patterns: tuple[SecretPattern, ...]
+    """The rules that matched somewhere in the payload's scan form."""
     keys: bool
-    probe: re.Pattern[str] | None = None
-    """One regex that finds something in a string whenever any of ``patterns`` would (see
-    :func:`_probe`); a string it finds nothing in is left alone without running each pattern."""
+    """Whether a key detector matched (the payload may hold a key to redact: walk it)."""
+    probe: Any = None
+    """The alternation of ``patterns`` (RE2, no captures): a string it finds nothing in is left
+    alone without redacting it."""
     raw: bytes = b""
-    """The canonical text's UTF-8 bytes, and below its folded form (as the pre-check saw them)."""
-    folded: bytes = b""
-    raw_needles: tuple[bytes, ...] | None = None
-    """Prefixes of ``patterns`` (as in ``raw``), and below their triggers (as in ``folded``);
-    None when a pattern has neither (it can match anywhere)."""
-    folded_needles: tuple[bytes, ...] = ()
-
-
-_PROBE_GROUP = re.compile(r"\(\?P<secret>")
-
-
-def _probe(patterns: tuple[SecretPattern, ...]) -> re.Pattern[str] | None:
-    """The alternation of ``patterns`` (built-in ones only: their sources are known to combine
-    -- the same flags, no back-references, only the ``secret`` group, renamed away here).
-
-    Patterns are applied one after the other, each on the text the previous one left; but when
-    none of them finds anything in a string, each leaves it unchanged, so one search of the
-    alternation that finds nothing proves the whole sequence changes nothing."""
-    if not patterns or not all(p in _BUILT_IN for p in patterns):
-        return None
-    return re.compile(
-        "|".join(f"(?:{_PROBE_GROUP.sub('(?:', p.regex.pattern)})" for p in patterns), re.ASCII
-    )
-
-
-# --- the redactor ----------------------------------------------------------------------------------
+    """The canonical text's UTF-8 bytes."""
+    raw_needles: tuple[int, ...] | None = None
+    """The indexes of ``patterns`` among the redactor's, when the splice may apply; None
+    otherwise (:meth:`Redactor.redact` walks)."""
+    redact_text: Any = None
+    """The redactor's own :meth:`Redactor.redact_text` (what the splice redacts strings with)."""
+    owner: Any = None
+    """The redactor (its key rules and key detectors, for the splice)."""
 
 
 @dataclass(frozen=True)
@@ -239,86 +305,97 @@ class Redactor:
     """
 
     patterns: tuple[SecretPattern, ...] = DEFAULT_PATTERNS
-    """Secret-shaped value patterns, applied in order."""
+    """Secret-shaped value patterns; overlapping matches are marked with the first one's name."""
     sensitive_keys: tuple[str, ...] = DEFAULT_SENSITIVE_KEYS
     """Key suffixes whose values are always redacted (normalised form)."""
-    _raw_groups: tuple[_Group, ...] = field(init=False, repr=False, compare=False)
-    _folded_groups: tuple[_Group, ...] = field(init=False, repr=False, compare=False)
-    _key_needles: frozenset[bytes] = field(init=False, repr=False, compare=False)
-    _raw_needles: tuple[tuple[bytes, ...], ...] = field(init=False, repr=False, compare=False)
-    _folded_needles: tuple[tuple[bytes, ...], ...] = field(init=False, repr=False, compare=False)
-    _always_scan: tuple[SecretPattern, ...] = field(init=False, repr=False, compare=False)
-    _probes: dict[tuple[int, ...], re.Pattern[str] | None] = field(
-        init=False, repr=False, compare=False
-    )
-    """Probe (see :func:`_probe`) of each combination of patterns a payload selected."""
-    _raw_implied: dict[bytes, tuple[tuple[int, bytes], ...]] = field(
-        init=False, repr=False, compare=False
-    )
-    _folded_implied: dict[bytes, tuple[tuple[int, bytes], ...]] = field(
-        init=False, repr=False, compare=False
-    )
+    allow: tuple[str, ...] = ()
+    """RE2 patterns for known false positives: a secret that one of them matches in full is left
+    alone, whichever rule found it."""
+    _rules: tuple[_Rule, ...] = field(init=False, repr=False, compare=False)
+    _detector: Any = field(init=False, repr=False, compare=False)
+    _set: Any = field(init=False, repr=False, compare=False)
+    _probes: dict[tuple[int, ...], Any] = field(init=False, repr=False, compare=False)
+    _key_regexes: tuple[Any, ...] = field(init=False, repr=False, compare=False)
+    json_default: Any = field(init=False, repr=False, compare=False)
+    """The orjson ``default`` that encodes bytes as base64 *after* redacting them
+    (:meth:`redact_bytes`): what the recorder canonicalises payloads with."""
 
     def __post_init__(self) -> None:
         keys = tuple(dict.fromkeys(k for k in map(_normalise_key, self.sensitive_keys) if k))
         set_ = object.__setattr__
         set_(self, "sensitive_keys", keys)
-        # A sensitive key is written `"<key>":`; folded, it ends with the word itself.
-        key_needles = frozenset(fold(_escaped(k)) + b'":' for k in keys)
-        raw = tuple(
-            tuple(_escaped(p).encode("utf-8") for p in pat.prefixes) for pat in self.patterns
-        )
-        folded = tuple(tuple(fold(_escaped(t)) for t in pat.triggers) for pat in self.patterns)
-        raw_groups = _group_needles(n for ns in raw for n in ns)
-        folded_groups = _group_needles([*key_needles, *(n for ns in folded for n in ns)])
-        set_(self, "_key_needles", key_needles)
-        set_(self, "_raw_needles", raw)
-        set_(self, "_folded_needles", folded)
-        set_(self, "_raw_groups", raw_groups)
-        set_(self, "_folded_groups", folded_groups)
-        always = tuple(p for p in self.patterns if not (p.triggers or p.prefixes))
-        set_(self, "_always_scan", always)
+        set_(self, "allow", tuple(self.allow))
+        patterns = tuple(self.patterns)
+        if self.allow:  # the global allow-list joins every rule's own
+            patterns = tuple(
+                p if set(self.allow) <= set(p.allow) else _with_allow(p, self.allow)
+                for p in patterns
+            )
+        set_(self, "patterns", patterns)
+        set_(self, "_rules", tuple(_Rule.of(p) for p in patterns))
+        sources = [_quote_anchored(p.source) for p in patterns] + list(_detectors(keys))
+        set_(self, "_detector", _compile(_alternation(sources), False))
+        set_(self, "_key_regexes", tuple(_compile(d, False) for d in _detectors(keys)))
+        regex_set = _re2.Set(_UNANCHORED, _options(capture=False))
+        for source in sources:
+            if regex_set.Add(_uncaptured(source).encode("utf-8")) < 0:
+                raise ValueError(f"not a regular expression RE2 accepts: {source!r}")
+        if not regex_set.Compile():
+            raise ValueError("the redaction rules do not fit RE2's memory budget")
+        set_(self, "_set", regex_set)
         set_(self, "_probes", {})
-        # which needles (of which pattern; -1: a sensitive key) each grouped needle stands for
-        set_(self, "_raw_implied", _implied(raw_groups, enumerate(raw)))
-        set_(
-            self,
-            "_folded_implied",
-            _implied(folded_groups, [(-1, key_needles), *enumerate(folded)]),
-        )
+        set_(self, "json_default", bytes_default(self.redact_bytes))
 
     def with_rules(
         self,
         *,
         keys: Iterable[str] = (),
         patterns: Iterable[tuple[str, str] | SecretPattern] = (),
+        allow: Iterable[str] = (),
     ) -> Redactor:
-        """A copy with more sensitive keys and/or ``(name, regex)`` value patterns added.
-
-        A user pattern without ``triggers``/``prefixes`` is checked on every payload (correct,
-        slower); give a :class:`SecretPattern` with triggers to keep the fast path fast.
-        """
+        """A copy with more sensitive keys, ``(name, regex)`` value patterns (RE2 syntax) and/or
+        allow-list patterns (RE2, matched against a whole secret) added."""
         extra = tuple(
-            p if isinstance(p, SecretPattern) else SecretPattern(p[0], re.compile(p[1]))
-            for p in patterns
+            p if isinstance(p, SecretPattern) else SecretPattern(p[0], p[1]) for p in patterns
         )
         new_keys = tuple(_normalise_key(key) for key in keys if _normalise_key(key))
         if new_keys:  # the same keys inside text: `ssn=...`, `{'ssn': '...'}` in a message
             words = "|".join(re.escape(key) for key in sorted(set(new_keys)))
-            extra += (_assignment("sensitive_key", words, triggers=_assigned(*new_keys)),)
+            extra += (_assignment("sensitive_key", "user", "user keys in text", words),)
+        for pattern in (*extra, *(SecretPattern("allow", a) for a in allow)):
+            _compile(pattern.source)  # refuse what RE2 does not accept, here
         return Redactor(
-            patterns=self.patterns + extra, sensitive_keys=self.sensitive_keys + tuple(keys)
+            patterns=self.patterns + extra,
+            sensitive_keys=self.sensitive_keys + tuple(keys),
+            allow=self.allow + tuple(allow),
         )
 
     # -- rules ---------------------------------------------------------------------------------
 
     def is_sensitive_key(self, key: str) -> bool:
         """Whether a value under ``key`` is always redacted."""
-        return _normalise_key(key).endswith(self.sensitive_keys)
+        return _normalise_key(key).endswith(self.sensitive_keys) or (
+            last_key_word(key) in SEGMENT_KEYS
+        )
+
+    def is_generic_key(self, key: str) -> bool:
+        """Whether a random-looking string under ``key`` is redacted (see
+        :func:`~stepfork_otel.trace.redaction.rules.looks_random`)."""
+        return _is_generic_key(key)
 
     def redact_text(self, text: str) -> str:
         """Replace every secret-shaped part of ``text`` (used for strings and exception messages)."""
-        return _redact_text(text, self.patterns)
+        return self._redact_text(text)
+
+    def redact_bytes(self, data: bytes) -> bytes:
+        """``data`` with its secrets redacted, as bytes: read as UTF-8 text when it is text, else
+        byte for byte (Latin-1, so every byte is one character and the rest stays as it was)."""
+        try:
+            text, encoding = data.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            text, encoding = data.decode("latin-1"), "latin-1"
+        redacted = self._redact_text(text)
+        return data if redacted is text else redacted.encode(encoding, "surrogatepass")
 
     def redact(self, value: Any) -> Any:
         """A redacted copy of a JSON-shaped value (dicts, lists, strings, numbers)."""
@@ -331,6 +408,18 @@ class Redactor:
         if len(text) > MAX_MESSAGE_CHARS:
             text = text[:MAX_MESSAGE_CHARS] + "…[truncated]"
         return text
+
+    def may_change_texts(self, texts: Iterable[str]) -> bool:
+        """One RE2 scan over ``texts``: False means :meth:`redact_text` leaves every one of them
+        unchanged (each is put between quotes, as the strings of a payload's scan form are)."""
+        data = b'"' + b'"\x00"'.join(t.encode("utf-8", "surrogatepass") for t in texts) + b'"'
+        found: int = self._detector.Match(_UNANCHORED, data, 0, len(data))[0][0]
+        return found >= 0
+
+    def matching_rules(self, text: str) -> list[SecretPattern]:
+        """The rules that find a secret in ``text`` (what ``stepfork redact`` reports)."""
+        data = text.encode("utf-8", "surrogatepass")
+        return [rule.pattern for rule in self._rules if rule.spans(data)]
 
     # -- the fast path used by the boundaries ---------------------------------------------------
 
@@ -354,10 +443,8 @@ class Redactor:
         redacted = self._redact_planned(canonical, plan)
         if redacted is canonical:
             return canonical, returned
-        # the splice works on any compact JSON text: strings change in place, keys keep their
-        # places (it needs the needles' positions in this text, so its own pre-check)
         own = self._plan(returned)
-        if own is not None and not own.keys and own.raw_needles is not None:
+        if own is not None and own.raw_needles is not None:
             spliced = _splice(returned, own)
             if spliced is not None:
                 return redacted, spliced
@@ -369,7 +456,7 @@ class Redactor:
         return redacted, as_returned_bytes(value).decode("utf-8")
 
     def _redact_planned(self, canonical: str, plan: _Plan) -> str:
-        if not plan.keys and plan.raw_needles is not None:
+        if plan.raw_needles is not None:
             spliced = _splice(canonical, plan)
             if spliced is not None:
                 return spliced
@@ -379,71 +466,55 @@ class Redactor:
         return canonical_json(redacted) if changed else canonical
 
     def _plan(self, canonical: str) -> _Plan | None:
-        """None when no rule can match; otherwise the rules whose needles were found."""
-        raw = canonical.encode("utf-8")
-        folded = fold(canonical)
-        in_raw = _found_needles(self._raw_groups, raw)
-        in_folded = _found_needles(self._folded_groups, folded)
-        if not (in_raw or in_folded or self._always_scan):
+        """None when no rule can match; otherwise the rules that matched somewhere."""
+        raw = canonical.encode("utf-8", "surrogatepass")
+        scan = scan_form(raw)
+        if self._detector.Match(_UNANCHORED, scan, 0, len(scan))[0][0] < 0:
             return None
-        # Something was found (rare): work out which rules it concerns, and with which needles.
-        present: dict[int, tuple[list[bytes], list[bytes]]] = {}
-        for side, found, implied, data in (
-            (0, in_raw, self._raw_implied, raw),
-            (1, in_folded, self._folded_implied, folded),
-        ):
-            for grouped in found:
-                for index, needle in implied[grouped]:
-                    # a needle left out of the groups holds a shorter one: look for it only now
-                    if needle == grouped or needle in data:
-                        present.setdefault(index, ([], []))[side].append(needle)
-        selected = []
-        indexes = []
-        raw_found: dict[bytes, None] = {}
-        folded_found: dict[bytes, None] = {}
-        for index, pattern in enumerate(self.patterns):
-            if pattern in self._always_scan or (
-                index in present
-                and (pattern.confirm is None or pattern.confirm.search(raw) is not None)
-            ):
-                selected.append(pattern)
-                indexes.append(index)
-                raw_needles, folded_needles = present.get(index, ((), ()))
-                raw_found.update(dict.fromkeys(raw_needles))
-                folded_found.update(dict.fromkeys(folded_needles))
-        keys = -1 in present
-        if not selected and not keys:
+        matched = self._set.Match(scan)
+        count = len(self.patterns)
+        indexes = tuple(sorted(i for i in matched if i < count))
+        keys = any(i >= count for i in matched)
+        if not indexes and not keys:
             return None
-        patterns = tuple(selected)
-        located = not any(p in self._always_scan for p in patterns)
         return _Plan(
-            patterns,
+            tuple(self.patterns[i] for i in indexes),
             keys,
-            self._probe_of(tuple(indexes)),
+            self._probe_of(indexes),
             raw,
-            folded,
-            tuple(raw_found) if located else None,
-            tuple(folded_found),
+            indexes,
+            self._redact_text,
+            self,
         )
 
-    def _probe_of(self, indexes: tuple[int, ...]) -> re.Pattern[str] | None:
+    def _probe_of(self, indexes: tuple[int, ...]) -> Any:
         """The probe of the patterns at ``indexes`` (built once per combination)."""
-        if indexes in self._probes:
-            return self._probes[indexes]
-        probe = _probe(tuple(self.patterns[i] for i in indexes))
-        if len(self._probes) < 1024:
-            self._probes[indexes] = probe
+        probe = self._probes.get(indexes)
+        if probe is None and indexes:
+            probe = _compile(_alternation(self.patterns[i].source for i in indexes), False)
+            if len(self._probes) < 1024:
+                self._probes[indexes] = probe
         return probe
 
     def _walk(self, value: Any, plan: _Plan) -> tuple[Any, bool]:
-        patterns, probe = plan.patterns, plan.probe
-        search = probe.search if probe is not None else None
+        probe = plan.probe
+        redact_text = self._redact_text
         sensitive = self.is_sensitive_key if plan.keys else None
+        generic = self.is_generic_key if plan.keys else None
+
+        seen: dict[str, str] = {}  # keys and short values repeat: each is looked at once
 
         def text(s: str) -> str:
-            if not patterns or (search is not None and search(s) is None):
+            done = seen.get(s)
+            if done is not None:
+                return done
+            if probe is None:
                 return s
-            return _redact_text(s, patterns)
+            data = s.encode("utf-8", "surrogatepass")
+            found = probe.Match(_UNANCHORED, data, 0, len(data))[0][0] >= 0
+            done = redact_text(s) if found else s
+            seen[s] = done
+            return done
 
         def walk(value: Any) -> tuple[Any, bool]:
             if isinstance(value, str):
@@ -456,12 +527,21 @@ class Redactor:
                     if sensitive is not None and isinstance(k, str) and sensitive(k):
                         item: Any = KEY_MARKER
                         changed = changed or v != KEY_MARKER
+                    elif (
+                        generic is not None
+                        and isinstance(v, str)
+                        and isinstance(k, str)
+                        and generic(k)
+                        and looks_random(v)
+                    ):
+                        item = GENERIC_MARKER
+                        changed = True
                     elif isinstance(v, (str, dict, list, tuple)):
                         item, c = walk(v)
                         changed = changed or c
                     else:
                         item = v
-                    if isinstance(k, str) and patterns:
+                    if isinstance(k, str):
                         name = text(k)
                         if name != k:  # a secret used as a key
                             changed = True
@@ -471,84 +551,258 @@ class Redactor:
                     out[k] = item
                 return out, changed
             if isinstance(value, (list, tuple)):
+                if sensitive is not None and _is_pair_list(value):
+                    return pairs(value)
                 items = [walk(v) for v in value]
                 return [v for v, _ in items], any(c for _, c in items)
             return value, False
 
+        def pairs(value: list[Any] | tuple[Any, ...]) -> tuple[Any, bool]:
+            assert sensitive is not None
+            out: list[Any] = []
+            changed = False
+            for name, item in value:
+                if sensitive(name):
+                    redacted, c = [text(name), KEY_MARKER], item != KEY_MARKER
+                else:
+                    redacted, c = walk([name, item])
+                out.append(redacted)
+                changed = changed or c or redacted[0] != name
+            return out, changed
+
         return walk(value)
 
+    def _redact_text(self, text: str) -> str:
+        """Every rule on ``text``, until nothing changes (see the module docstring)."""
+        data = text.encode("utf-8", "surrogatepass")
+        for _ in range(_MAX_PASSES):
+            redacted = self._one_pass(data)
+            if redacted is data:
+                return text if _ == 0 else data.decode("utf-8", "surrogatepass")
+            data = redacted
+        return UNSTABLE_MARKER
 
+    def _one_pass(self, data: bytes) -> bytes:
+        matched = self._set.Match(data)
+        count = len(self._rules)
+        spans: list[tuple[int, int, int]] = []
+        for index in sorted(i for i in matched if i < count):
+            spans.extend((s, index, e) for s, e in self._rules[index].spans(data))
+        if not spans:
+            return data
+        spans.sort()
+        pieces: list[bytes] = []
+        done = 0
+        current_start, current_rule, current_end = spans[0]
+        for start, rule, end in spans[1:]:
+            if start < current_end:  # overlaps: one marker for both
+                current_end = max(current_end, end)
+                continue
+            pieces += (data[done:current_start], self._rules[current_rule].marker)
+            done = current_end
+            current_start, current_rule, current_end = start, rule, end
+        pieces += (data[done:current_start], self._rules[current_rule].marker, data[current_end:])
+        return b"".join(pieces)
+
+
+def _with_allow(pattern: SecretPattern, allow: tuple[str, ...]) -> SecretPattern:
+    return SecretPattern(
+        pattern.name,
+        pattern.regex,
+        pattern.triggers,
+        pattern.prefixes,
+        pattern.confirm,
+        family=pattern.family,
+        description=pattern.description,
+        min_entropy=pattern.min_entropy,
+        allow=tuple(dict.fromkeys(pattern.allow + allow)),
+    )
+
+
+#: Passes of the patterns over one string at most (see :meth:`Redactor._redact_text`).
+_MAX_PASSES = 8
 _MAX_SPLICE_HITS = 64
 
 
-def _real_quotes(data: bytes) -> bytes:
-    """``data`` (canonical JSON text, or its folded form) with escaped quotes and backslashes
-    masked, so that every quote left delimits a string. In canonical JSON every backslash starts
-    an escape, so pairing backslashes from the left pairs them the way the escapes do."""
-    if b"\\" not in data:
-        return data
-    return data.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+def _quote_map(raw: bytes, scan: bytes) -> bytes:
+    """``scan`` (the scan form of ``raw``) with the quotes that were escaped in ``raw`` (``\\"``)
+    turned into ``\x01``: the same length, and its quotes are exactly the strings' delimiters."""
+    if b'\\"' not in raw:
+        return scan
+    held = raw.replace(b"\\\\", b"\x03")  # escaped backslashes first: pairs read left to right
+    held = held.replace(b'\\"', b"\\u0001").replace(b"\x03", b"\\\\")
+    return scan_form(held)
+
+
+_KEY_MARKER_BYTES = KEY_MARKER.encode("ascii")
+_GENERIC_MARKER_BYTES = GENERIC_MARKER.encode("ascii")
+
+
+def _string_at(raw: bytes, quotes_at: bytes, closing: int) -> tuple[int, str] | None:
+    """The string whose closing quote is at ``closing`` in the scan form: its index among the
+    text's strings and its decoded value; None when that quote is not a delimiter."""
+    if quotes_at[closing : closing + 1] != b'"':
+        return None
+    index = quotes_at.count(b'"', 0, closing)
+    if index % 2 == 0:
+        return None
+    masked = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__") if b"\\" in raw else raw
+    parts = masked.split(b'"', index + 1)
+    begin = sum(len(p) + 1 for p in parts[:index])
+    text = raw[begin : begin + len(parts[index])]
+    value: str = orjson.loads(b'"' + text + b'"') if b"\\" in text else text.decode("utf-8")
+    return index, value
+
+
+def _keyed_values(
+    raw: bytes, scan: bytes, quotes_at: bytes, owner: Redactor
+) -> dict[int, bytes] | None:
+    """The values the key rules replace whole, by string index: a sensitive key's string value
+    (``[REDACTED]``), a random-looking string under a generic key (``[REDACTED:generic_secret]``).
+    None when the splice cannot do it (a sensitive key whose value is not a string, a pair list,
+    a detector match spanning strings): the caller walks."""
+    out: dict[int, bytes] = {}
+    sensitive, segment, generic = owner._key_regexes
+    for regex in (sensitive, segment):
+        pos, end = 0, len(scan)
+        while pos < end:
+            start, stop = regex.Match(_UNANCHORED, scan, pos, end)[0]
+            if start < 0:
+                break
+            pos = stop
+            closing = stop - 2  # the match ends with `"` and `:` (a key) or `,` (a pair)
+            if quotes_at[closing : closing + 1] != b'"':
+                continue  # a quote inside a string: no key ends there
+            if b'"' in quotes_at[start:closing]:
+                return None  # spans strings: let the walk decide
+            key = _string_at(raw, quotes_at, closing)
+            if key is None:
+                continue
+            index, name = key
+            if not owner.is_sensitive_key(name):
+                continue
+            if scan[stop - 1 : stop] == b",":
+                return None  # maybe a [name, value] pair: the walk knows
+            if scan[stop : stop + 1] != b'"':
+                return None  # a number, an object, a list under a sensitive key
+            out[index + 2] = _KEY_MARKER_BYTES
+    pos, end = 0, len(scan)
+    while pos < end:
+        start, stop = generic.Match(_UNANCHORED, scan, pos, end)[0]
+        if start < 0:
+            break
+        pos = stop
+        value = _string_at(raw, quotes_at, stop - 1)
+        opening = quotes_at.rfind(b'"', 0, stop - 1)
+        if value is None or scan[opening - 1 : opening] != b":":
+            continue  # not `"<key>":"<value>"` with real delimiters
+        key = _string_at(raw, quotes_at, opening - 2)
+        if key is None or key[0] != value[0] - 2:
+            continue
+        if len(out) > _MAX_SPLICE_HITS:
+            return None
+        index, text = value
+        name = key[1]
+        if (
+            index not in out
+            and not owner.is_sensitive_key(name)
+            and owner.is_generic_key(name)
+            and looks_random(text)
+        ):
+            out[index] = _GENERIC_MARKER_BYTES
+    return out
 
 
 def _splice(canonical: str, plan: _Plan) -> str | None:
     """``canonical_json`` of the redacted value, without decoding the whole payload: the strings
-    that redaction changes, redacted and spliced into the text. None when this shortcut does not
-    apply (a key would change, a non-ASCII text, many needles found): the caller decodes and walks.
+    that redaction changes, redacted and written back into the text. None when this shortcut does
+    not apply (a match spans more than one string or lies outside strings, a key would change,
+    many matches): the caller decodes and walks.
 
-    The strings of a canonical text are the stretches between its unescaped quotes (every other
-    stretch), in the text as in its folded form: folding keeps every quote and removes escapes
-    whole. Every match of a pattern contains one of its needles (the contract the pre-check rests
-    on) and lies inside one string, so a string without a needle of any selected pattern is a
-    string the walk would leave alone. A needle holding a quote or a backslash could straddle a
-    string's edge: when one is present, this shortcut is not taken. The strings holding a needle
-    are redacted exactly as the walk redacts them; a value changes in place, so the key order and
-    the rest of the text stay as they are."""
-    if not canonical.isascii():  # non-ASCII lower-casing may depend on neighbouring letters
+    The rules are searched in the scan form, where each string appears decoded; a copy of it with
+    the decoded quotes masked (:func:`_quote_map`) tells which string a match lies in (its
+    quotes are the delimiters, in the order of the text's). Every match of a rule inside a string
+    is found by searching the rule in the whole scan form -- unless a match that overlaps it and
+    starts earlier hides it; that earlier match either lies in the same string (which is then
+    redacted whole anyway) or spans a delimiter (it is dropped, and the search starts again one
+    character after its start). A string without a match of any rule is one the walk leaves
+    alone. The key rules are applied by :func:`_keyed_values`, which declines what only the walk
+    can do."""
+    if plan.raw_needles is None or plan.redact_text is None:
         return None
+    raw = plan.raw
+    scan = scan_form(raw)
+    quotes_at = _quote_map(raw, scan)
     hits: set[int] = set()
-    masked_raw = b""
-    for data, needles in ((plan.raw, plan.raw_needles or ()), (plan.folded, plan.folded_needles)):
-        found: list[int] = []
-        for needle in needles:
-            at = data.find(needle)
-            if at != -1 and (b'"' in needle or b"\\" in needle):
-                return None
-            while at != -1:
-                if len(found) == _MAX_SPLICE_HITS:
+    crossings = 0
+    for pattern in plan.patterns:
+        regex = _compile(_uncaptured(_quote_anchored(pattern.source)), False)
+        pos, end = 0, len(scan)
+        while pos <= end:
+            start, stop = regex.Match(_UNANCHORED, scan, pos, end)[0]
+            if start < 0:
+                break
+            first = start + 1 if scan[start : start + 1] == b'"' else start
+            last = stop - 1 if stop - 1 > first and scan[stop - 1 : stop] == b'"' else stop
+            if b'"' in quotes_at[first:last]:
+                # spans strings (`"Authorization":"..."`): the walk never sees such a text, but
+                # it may hide a match inside a string: one starting here but ending within the
+                # string (searched in the string alone), or one starting later
+                crossings += 1
+                if crossings > _MAX_SPLICE_HITS:
                     return None
-                found.append(at)
-                at = data.find(needle, at + 1)
-        masked = _real_quotes(data)
-        if data is plan.raw:
-            masked_raw = masked
-        found.sort()
-        quotes, counted = 0, 0
-        for at in found:
-            quotes += masked.count(b'"', counted, at)
-            counted = at
-            if quotes % 2:
-                hits.add(quotes)
-    if not hits:
-        return canonical
-    parts = masked_raw.split(b'"')
-    pieces: list[str] = []
-    done = 0
-    for index in sorted(hits):
-        begin = sum(map(len, parts[:index])) + index
-        end = begin + len(parts[index])
-        text = canonical[begin:end]
-        value = orjson.loads(f'"{text}"') if "\\" in text else text
-        redacted = _redact_text(value, plan.patterns)
-        if redacted != value:
-            if canonical.startswith(":", end + 1):  # a key: the order of keys could change
+                quotes = quotes_at.count(b'"', 0, first)
+                if quotes % 2:
+                    closing = quotes_at.find(b'"', first)
+                    if regex.Match(_UNANCHORED, scan, start, closing)[0][0] >= 0:
+                        hits.add(quotes)
+                pos = _next_char(scan, start)
+                continue
+            quotes = quotes_at.count(b'"', 0, first)
+            if quotes % 2 == 0:  # outside every string (cannot be: a rule matches text)
                 return None
-            pieces.append(canonical[done:begin])
-            pieces.append(canonical_json(redacted)[1:-1])
-            done = end
+            hits.add(quotes)
+            if len(hits) > _MAX_SPLICE_HITS:
+                return None
+            pos = stop if stop > start else _next_char(scan, stop)
+    keyed: dict[int, bytes] = {}  # string index -> what replaces the whole value there
+    if plan.keys:
+        found = _keyed_values(raw, scan, quotes_at, plan.owner)
+        if found is None:
+            return None
+        keyed = found
+    if not hits and not keyed:
+        return canonical
+    masked = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__") if b"\\" in raw else raw
+    parts = masked.split(b'"')
+    offsets = [0]
+    for part in parts:
+        offsets.append(offsets[-1] + len(part) + 1)
+    pieces: list[bytes] = []
+    done = 0
+    redact_text = plan.redact_text
+    for index in sorted(hits | set(keyed)):
+        begin = offsets[index]
+        stop = begin + len(parts[index])
+        text = raw[begin:stop]
+        replacement = keyed.get(index)
+        if replacement is not None:
+            if text != replacement:
+                pieces += (raw[done:begin], replacement)
+                done = stop
+            continue
+        value = orjson.loads(b'"' + text + b'"') if b"\\" in text else text.decode("utf-8")
+        redacted = redact_text(value)
+        if redacted != value:
+            if raw.startswith(b":", stop + 1):  # a key: the order of keys could change
+                return None
+            pieces.append(raw[done:begin])
+            pieces.append(orjson.dumps(redacted)[1:-1])
+            done = stop
     if not pieces:
         return canonical
-    pieces.append(canonical[done:])
-    return "".join(pieces)
+    pieces.append(raw[done:])
+    return b"".join(pieces).decode("utf-8")
 
 
 def _free_name(name: str, taken: dict[Any, Any]) -> str:
@@ -558,49 +812,6 @@ def _free_name(name: str, taken: dict[Any, Any]) -> str:
     while f"{name}#{n}" in taken:
         n += 1
     return f"{name}#{n}"
-
-
-#: Passes of the patterns over one string at most (see :func:`_redact_text`).
-_MAX_PASSES = 16
-
-
-def _redact_text(text: str, patterns: tuple[SecretPattern, ...]) -> str:
-    """Apply the patterns in order, then again until nothing changes. One pass is not always
-    enough: a pattern that must not start inside a word (``sk-`` after a letter) can match once
-    the secret glued in front of it has become a marker. A text that still changes after
-    ``_MAX_PASSES`` passes (a long chain of glued secrets, or a user pattern that matches markers)
-    is replaced whole by ``UNSTABLE_MARKER``: failing closed keeps every secret out, and makes
-    redaction idempotent -- redacted text redacts to itself -- for any rules."""
-    for _ in range(_MAX_PASSES):
-        before = text
-        for pattern in patterns:
-            text = pattern.regex.sub(_replacer(pattern), text)
-        if text == before:
-            return text
-    return UNSTABLE_MARKER
-
-
-#: id(pattern) -> (pattern, its replacement function); keyed by identity: hashing a pattern
-#: (a dataclass holding a compiled regex) costs more than the substitution of a short string.
-_REPLACERS: dict[int, tuple[SecretPattern, Callable[[re.Match[str]], str]]] = {}
-
-
-def _replacer(pattern: SecretPattern) -> Callable[[re.Match[str]], str]:
-    entry = _REPLACERS.get(id(pattern))
-    if entry is None or entry[0] is not pattern:
-        if len(_REPLACERS) > 4096:
-            _REPLACERS.clear()
-        entry = _REPLACERS[id(pattern)] = (pattern, functools.partial(_replace, pattern=pattern))
-    return entry[1]
-
-
-def _replace(match: re.Match[str], pattern: SecretPattern) -> str:
-    if "secret" in pattern.regex.groupindex and match.group("secret") is not None:
-        start, end = match.span("secret")
-        whole_start = match.start()
-        text = match.group()
-        return text[: start - whole_start] + pattern.marker + text[end - whole_start :]
-    return pattern.marker
 
 
 #: The redactor used when none is configured.

@@ -1,0 +1,193 @@
+"""Redaction of *every* span before it is exported: ``configure(redact_all_spans=True)``.
+
+stepfork redacts its own spans at the boundary, but an application usually runs other
+instrumentations too -- ``opentelemetry-instrumentation-openai-v2``, OpenInference, HTTP client
+instrumentations -- whose spans carry prompts, tool results and headers as they are, and ship over
+the same exporters. :class:`RedactingSpanProcessor` applies the configured redactor to the span
+name, the attributes, the event names and attributes, the link attributes and the status
+description of every span that ends, and is placed *first* among the provider's processors, so
+that every processor after it (the application's ``BatchSpanProcessor`` and exporters, the
+collector pipeline) sees only the redacted span.
+
+How a value is redacted is what recording does to a payload: an attribute whose key is sensitive
+(``http.request.header.authorization``, ``db.password``) becomes ``[REDACTED]``; a random-looking
+string under a generic key becomes ``[REDACTED:generic_secret]``; every other string (and every
+string in a sequence) is redacted as text -- JSON held in an attribute (``input.value``,
+``gen_ai.input.messages``) included. ``session.id`` is kept (it names a conversation, not a
+cookie). stepfork's own spans were redacted when they were made and are passed through.
+
+The processor mutates the ended span it is given (its attributes, events, links and status are
+replaced by redacted copies) before the next processor runs: the SDK hands every processor the
+same read-only span object, and this is the one way to change what all of them receive. It relies
+on the SDK's ``ReadableSpan`` fields (``_name``, ``_attributes``, ``_events``, ``_links``,
+``_status``), stable since SDK 1.0; ``tests/test_redact_all_spans.py`` checks them against the
+installed SDK.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from opentelemetry import trace as trace_api
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor, TracerProvider
+from opentelemetry.trace import Link, Status
+
+from stepfork_otel.constants import INSTRUMENTATION_NAME
+from stepfork_otel.trace.redaction import GENERIC_MARKER, KEY_MARKER, Redactor, looks_random
+
+logger = logging.getLogger("stepfork_otel")
+
+#: Attribute keys kept as they are although a key rule would match them.
+KEPT_ATTRIBUTES = frozenset({"session.id"})
+
+_install_lock = threading.Lock()
+
+
+def _redact_value(redactor: Redactor, key: str, value: Any, texts: bool) -> Any:
+    """``value`` under attribute ``key``; ``texts``: whether its strings may need redaction (the
+    one scan over the whole span said so)."""
+    if key in KEPT_ATTRIBUTES:
+        return value
+    if redactor.is_sensitive_key(key):
+        return KEY_MARKER
+    if isinstance(value, str):
+        if redactor.is_generic_key(key) and looks_random(value):
+            return GENERIC_MARKER
+        return redactor.redact_text(value) if texts else value
+    if texts and isinstance(value, (list, tuple)) and any(isinstance(v, str) for v in value):
+        return tuple(redactor.redact_text(v) if isinstance(v, str) else v for v in value)
+    return value
+
+
+def redact_attributes(
+    redactor: Redactor, attributes: Mapping[str, Any] | None, texts: bool = True
+) -> dict[str, Any] | None:
+    """A redacted copy of span (or event, or link) attributes; None stays None."""
+    if attributes is None:
+        return None
+    return {key: _redact_value(redactor, key, value, texts) for key, value in attributes.items()}
+
+
+def _strings(span: ReadableSpan) -> list[str]:
+    """Every string of ``span`` that :func:`redact_span` redacts as text."""
+    out = [span.name]
+    sources: list[Mapping[str, Any] | None] = [span.attributes]
+    for event in span.events:
+        out.append(event.name)
+        sources.append(event.attributes)
+    sources += [link.attributes for link in span.links]
+    for attributes in sources:
+        for value in (attributes or {}).values():
+            if isinstance(value, str):
+                out.append(value)
+            elif isinstance(value, (list, tuple)):
+                out += (v for v in value if isinstance(v, str))
+    if span.status.description:
+        out.append(span.status.description)
+    return out
+
+
+def redact_span(redactor: Redactor, span: ReadableSpan) -> None:
+    """Replace ``span``'s name, attributes, events, links and status description by redacted
+    copies, in place. One RE2 scan over all its strings first: when it finds nothing, only the
+    key rules apply (a sensitive attribute key, a random value under a generic key)."""
+    texts = redactor.may_change_texts(_strings(span))
+    if texts:
+        span._name = redactor.redact_text(span.name)
+    span._attributes = redact_attributes(redactor, span.attributes, texts)
+    if span.events:
+        span._events = tuple(
+            Event(
+                redactor.redact_text(event.name) if texts else event.name,
+                redact_attributes(redactor, event.attributes, texts),
+                event.timestamp,
+            )
+            for event in span.events
+        )
+    if span.links:
+        span._links = tuple(
+            Link(link.context, redact_attributes(redactor, link.attributes, texts))
+            for link in span.links
+        )
+    description = span.status.description
+    if texts and description:
+        redacted = redactor.redact_message(description)
+        if redacted != description:
+            span._status = Status(span.status.status_code, redacted)
+
+
+def _is_stepfork_span(span: ReadableSpan) -> bool:
+    scope = span.instrumentation_scope
+    return scope is not None and scope.name == INSTRUMENTATION_NAME
+
+
+class RedactingSpanProcessor(SpanProcessor):
+    """Redacts every ended span in place (see the module docstring); must run before the
+    processors that export. ``redactor``: a function returning the redactor to apply (the one
+    configured at the time the span ends)."""
+
+    def __init__(self, redactor: Callable[[], Redactor]) -> None:
+        self._redactor = redactor
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if _is_stepfork_span(span):
+            return  # redacted at the boundary
+        try:
+            redact_span(self._redactor(), span)
+        except Exception:  # never break the application's span pipeline
+            logger.exception("stepfork_otel: could not redact span %r", span.name)
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def _processors(provider: TracerProvider) -> Any:
+    return provider._active_span_processor
+
+
+def enable_span_redaction(
+    tracer_provider: trace_api.TracerProvider | None = None,
+    redactor: Callable[[], Redactor] | None = None,
+) -> RedactingSpanProcessor | None:
+    """Put a :class:`RedactingSpanProcessor` first on ``tracer_provider`` (default: the global
+    provider; when none is set yet, the embedded default that ``configure`` would install is
+    installed here). Idempotent. Returns the processor, or None when the provider is not an SDK
+    ``TracerProvider`` (nothing can be added to it; a warning is logged)."""
+    if redactor is None:
+        from stepfork_otel.config import CONFIG
+
+        def redactor() -> Redactor:
+            return CONFIG.settings.redactor
+
+    with _install_lock:
+        target = tracer_provider if tracer_provider is not None else trace_api.get_tracer_provider()
+        if tracer_provider is None and isinstance(target, trace_api.ProxyTracerProvider):
+            trace_api.set_tracer_provider(TracerProvider(resource=Resource.create({})))
+            target = trace_api.get_tracer_provider()
+        if not isinstance(target, TracerProvider):
+            logger.warning(
+                "stepfork_otel: redact_all_spans needs an OpenTelemetry SDK TracerProvider; %s "
+                "is not one, its spans are not redacted by stepfork",
+                type(target).__name__,
+            )
+            return None
+        multi = _processors(target)
+        with multi._lock:
+            current: Sequence[SpanProcessor] = multi._span_processors
+            for existing in current:
+                if isinstance(existing, RedactingSpanProcessor):
+                    return existing
+            processor = RedactingSpanProcessor(redactor)
+            multi._span_processors = (processor, *current)
+            return processor

@@ -1,0 +1,171 @@
+"""Redaction costs time linear in the payload, for any input: adversarial inputs (the ones that
+made the former backtracking patterns quadratic: ``"eyJ" * 50000`` took ~13 s) cost within a
+small factor of a benign payload of the same size.
+
+Not a timer race: each adversarial input is compared with a benign one of the same size in the
+same process, both measured as the best of several runs, and the bound (3x, with a floor of a few
+milliseconds so that scheduling noise on a tiny cost cannot fail it) is generous next to what a
+quadratic engine does (hundreds of times slower at this size). The benchmark
+(``benchmarks/bench_redaction.py``) reports the same ratios at 1 MB.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+import pytest
+
+from stepfork_otel.trace.canonical import canonical_json
+from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
+
+SIZE = 200_000
+
+
+def _benign(size: int) -> str:
+    rng = random.Random(7)
+    words = [
+        "the",
+        "flight",
+        "to",
+        "lisbon",
+        "leaves",
+        "from",
+        "terminal",
+        "two",
+        "and",
+        "the",
+        "gate",
+        "closes",
+        "early",
+    ]
+    out: list[str] = []
+    total = 0
+    while total < size:
+        out.append(rng.choice(words))
+        total += len(out[-1]) + 1
+    return " ".join(out)[:size]
+
+
+def _mixed(size: int) -> str:
+    """Text dense in near-misses of every rule family."""
+    pieces = [
+        "eyJ",
+        "a://:",
+        "sk-",
+        "Bearer ",
+        "password=",
+        "Authorization: ",
+        "Cookie: ",
+        "AKIA",
+        "ghp_",
+        "-----BEGIN PRIVATE KEY-----",
+        "token: ",
+        "x@",
+        '"key": "',
+        "://u:",
+        "AIza",
+        "hf_",
+        "xoxb-",
+        "\\",
+        '"',
+        "=",
+    ]
+    rng = random.Random(11)
+    out: list[str] = []
+    total = 0
+    while total < size:
+        out.append(rng.choice(pieces) + rng.choice(["", " ", "a", "1", ".", "/", ":", "@"]))
+        total += len(out[-1])
+    return "".join(out)[:size]
+
+
+def _web_page(size: int) -> str:
+    """1 MB of mixed agent traffic (prose, JSON, URLs, code, base64, ``eyJ`` fragments) without
+    a secret: what a tool fetching a web page returns."""
+    rng = random.Random(5)
+    pieces = [
+        _benign(400),
+        '{"id": 42, "name": "Lisbon", "tags": ["city", "coast"], "score": 0.93}',
+        "https://www.example.com/search?q=flights&page=2 ",
+        "def f(x):\n    return x * 2\n",
+        "eyJhbGciOiJIUzI1NiJ9 ",
+        "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk ",
+        '<div class="card"><a href="/flights/AF1381">AF1381</a></div> ',
+    ]
+    out: list[str] = []
+    total = 0
+    while total < size:
+        out.append(rng.choice(pieces))
+        total += len(out[-1])
+    return "".join(out)[:size]
+
+
+#: The inputs the issue names: each within 3x of benign text of the same size.
+NAMED = {
+    "eyJ * 50000": "eyJ" * 50_000,
+    "a://: * 40000": "a://:" * 40_000,
+    "1 MB web page": _web_page(1_000_000),
+}
+
+#: Inputs dense in matches or near-misses of every rule: their cost grows linearly with size.
+ADVERSARIAL = {
+    "eyJ repeated": lambda n: "eyJ" * (n // 3),
+    "eyJ. repeated": lambda n: "eyJaaaaa." * (n // 9),
+    "url scheme repeated": lambda n: "a://:" * (n // 5),
+    "url user info without host": lambda n: "a://" + "b:" * (n // 2),
+    "at signs after a scheme": lambda n: "https://u:" + "@" * n,
+    "url credentials repeated": lambda n: "a://b:c@" * (n // 8),
+    "assignment chain": lambda n: "token=" * (n // 6),
+    "generic keys": lambda n: "api_key_x=" * (n // 10),
+    "authorization chain": lambda n: "Authorization: " * (n // 15),
+    "cookie chain": lambda n: "Cookie: a=b; " * (n // 13),
+    "header tuples": lambda n: '("token", ' * (n // 10),
+    "bearer chain": lambda n: "Bearer " * (n // 7),
+    "quotes after a key": lambda n: 'password: "' * (n // 11),
+    "escaped quotes": lambda n: '\\"' * (n // 2),
+    "begin without end": lambda n: "-----BEGIN PRIVATE KEY-----" * (n // 27),
+    "long token": lambda n: "sk-" + "a" * n,
+    "mixed near misses": _mixed,
+}
+
+
+def _best(fn: Callable[[], object], runs: int = 3) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@pytest.mark.parametrize("name", list(NAMED))
+def test_the_named_inputs_cost_what_benign_text_costs(name: str) -> None:
+    text = NAMED[name]
+    benign = _benign(len(text))
+    redactor = DEFAULT_REDACTOR
+    base = _best(lambda: redactor.redact_text(benign))
+    cost = _best(lambda: redactor.redact_text(text))
+    assert cost <= 3 * base + 0.005, f"{name}: {cost * 1e3:.1f} ms vs {base * 1e3:.1f} ms benign"
+
+
+@pytest.mark.parametrize("name", list(NAMED))
+def test_the_named_payloads_cost_what_benign_payloads_cost(name: str) -> None:
+    # the recording path: canonical JSON, the one-scan pre-check, then the walk if it fired
+    text = canonical_json({"tool_output": NAMED[name], "n": 1})
+    benign = canonical_json({"tool_output": _benign(len(NAMED[name])), "n": 1})
+    redactor = DEFAULT_REDACTOR
+    base = _best(lambda: redactor.redact_canonical(benign))
+    cost = _best(lambda: redactor.redact_canonical(text))
+    assert cost <= 3 * base + 0.005, f"{name}: {cost * 1e3:.1f} ms vs {base * 1e3:.1f} ms benign"
+
+
+@pytest.mark.parametrize("name", list(ADVERSARIAL))
+def test_adversarial_inputs_cost_grows_linearly(name: str) -> None:
+    # four times the input costs about four times as much (a quadratic engine: sixteen)
+    small, big = ADVERSARIAL[name](SIZE // 4), ADVERSARIAL[name](SIZE)
+    redactor = DEFAULT_REDACTOR
+    t_small = _best(lambda: redactor.redact_text(small))
+    t_big = _best(lambda: redactor.redact_text(big))
+    assert t_big <= 7 * t_small + 0.005, f"{name}: {t_big * 1e3:.1f} ms vs {t_small * 1e3:.1f} ms"
