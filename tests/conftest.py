@@ -7,6 +7,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -51,3 +52,19 @@ def recording(tmp_path: Path) -> Iterator[Recording]:
     processor = configure(directory=directory, tracer_provider=provider)
     yield Recording(provider, exporter, processor, directory)
     provider.shutdown()
+
+
+def installed(module: str) -> Any:
+    """``module``, imported; the test is skipped only when its distribution is not installed. An
+    installed module that fails to import (an incompatible release) fails the test instead of
+    hiding behind a skip, as ``pytest.importorskip`` would."""
+    import importlib
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module)
+    except ModuleNotFoundError:  # a parent package is missing
+        found = None
+    if found is None:
+        pytest.skip(f"{module} is not installed")
+    return importlib.import_module(module)

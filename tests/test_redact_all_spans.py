@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from conftest import installed
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -120,7 +121,7 @@ def _provider() -> tuple[TracerProvider, InMemorySpanExporter]:
 
 @pytest.fixture
 def openinference() -> Iterator[Any]:
-    instrumentation = pytest.importorskip("openinference.instrumentation.openai")
+    instrumentation = installed("openinference.instrumentation.openai")
     instrumentor = instrumentation.OpenAIInstrumentor()
     yield instrumentor
     instrumentor.uninstrument()
@@ -130,7 +131,7 @@ def openinference() -> Iterator[Any]:
 def openai_v2(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", "gen_ai_latest_experimental")
     monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "span_only")
-    instrumentation = pytest.importorskip("opentelemetry.instrumentation.openai_v2")
+    instrumentation = installed("opentelemetry.instrumentation.openai_v2")
     instrumentor = instrumentation.OpenAIInstrumentor()
     yield instrumentor
     instrumentor.uninstrument()

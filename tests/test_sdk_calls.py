@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Recording
+from conftest import Recording, installed
 
 import stepfork_otel
 from examples.fake_llm import FakeLLM
@@ -159,9 +159,9 @@ def test_beside_another_genai_instrumentation_usage_is_counted_once_and_replay_h
     instrumentation: str, recording: Recording, llm: FakeLLM, tmp_path: Path
 ) -> None:
     if instrumentation == "openai-v2":
-        module = pytest.importorskip("opentelemetry.instrumentation.openai_v2")
+        module = installed("opentelemetry.instrumentation.openai_v2")
     else:
-        module = pytest.importorskip("openinference.instrumentation.openai")
+        module = installed("openinference.instrumentation.openai")
     other = module.OpenAIInstrumentor()
     other.instrument(tracer_provider=recording.provider)
     try:
