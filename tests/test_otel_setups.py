@@ -37,11 +37,11 @@ OUT = Path(sys.argv[1])
 SECRET = "sk-proj-" + "abcdefghijklmnopqrstuvwxyzABCDEF0123456789"
 
 @trace_tool
-def lookup(session_id: str, city: str) -> dict:
+def lookup(ssn: str, city: str) -> dict:
     return {"city": city.upper(), "password": "hunter2"}
 
 def agent():
-    lookup("sess-42", "paris")
+    lookup("078-05-1120", "paris")
     return llm_request(
         provider="openai", model="gpt-4o",
         input={"messages": [{"role": "user", "content": "my key is " + SECRET}]},
@@ -211,15 +211,15 @@ def test_logfire_provider_takes_the_bundle_processor(
     check_bundle_and_export(out, spans, "handle request")
     assert out["memory"] == ["chat gpt-4o", "execute_tool lookup", "handle request"]
 
-    # logfire's scrubbing still applies to stepfork's spans on their way out: the session id
-    # that stepfork's rules keep is scrubbed by logfire's (key pattern 'session') ...
+    # logfire's scrubbing still applies to stepfork's spans on their way out: the social
+    # security number that stepfork's rules keep is scrubbed by logfire's (key pattern 'ssn') ...
     attributes = out["tool_attributes"]
-    assert "[Scrubbed due to 'session']" in attributes["stepfork.input"]
-    assert "[Scrubbed due to 'session']" in attributes["input.value"]
-    assert "sess-42" not in json.dumps(spans)
+    assert "[Scrubbed due to 'ssn']" in attributes["stepfork.input"]
+    assert "[Scrubbed due to 'ssn']" in attributes["input.value"]
+    assert "078-05-1120" not in json.dumps(spans)
     assert "logfire.scrubbed" in attributes
     # ... while the local bundle holds the payload as stepfork recorded and fingerprinted it.
-    assert out["bundle_tool_input"] == '{"city":"paris","session_id":"sess-42"}'
+    assert out["bundle_tool_input"] == '{"city":"paris","ssn":"078-05-1120"}'
 
 
 def test_logfire_scrubbed_collector_copy_is_marked_not_kept_as_recorded(
@@ -248,7 +248,7 @@ def test_logfire_scrubbed_collector_copy_is_marked_not_kept_as_recorded(
     assert verify_integrity(bundle) == []
     tool, llm = bundle.calls
     assert tool.input is None
-    assert tool.input_missing == "truncated"  # {"session_id": ...} was rewritten by logfire
+    assert tool.input_missing == "truncated"  # {"ssn": ...} was rewritten by logfire
     assert llm.input is None
     assert llm.input_missing == "truncated"  # "[REDACTED:openai_api_key]" matches api_key
     outputs = [bundle.outcome_of(call) for call in bundle.calls]
