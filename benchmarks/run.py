@@ -139,6 +139,13 @@ def run_all(quick: bool, only: list[str] | None = None) -> tuple[str, bool]:
         elapsed = time.perf_counter() - started
         print(f"  {name}: {elapsed:.1f} s", file=sys.stderr, flush=True)
         sections.append(f"{section.rstrip()}\n\n_{name} ran in {elapsed:.1f} s._\n")
+    if not quick and (HERE / "FUZZ_RESULTS.md").exists():  # its own, longer command
+        sections.append(
+            "## Hostile input: the fuzz campaign (benchmarks/fuzz.py)\n\n"
+            "Run apart (`python -m benchmarks.fuzz`, minutes): its last result, with the cases "
+            "tried, typed errors, untyped failures, hangs and peak memory, is "
+            "[`FUZZ_RESULTS.md`](FUZZ_RESULTS.md).\n"
+        )
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     sections.append(f"_Load average at the end (1, 5, 15 min): {load}._\n")
     return "\n".join(header + sections), ok
