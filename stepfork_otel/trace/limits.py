@@ -16,7 +16,6 @@ in between the check and the read.
 from __future__ import annotations
 
 import os
-import re
 import stat
 from dataclasses import dataclass
 from itertools import accumulate
@@ -97,7 +96,6 @@ def json_depth_exceeds(value: Any, limit: int) -> bool:
     return False
 
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 _STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
@@ -105,9 +103,14 @@ _STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 def text_depth_exceeds(data: bytes, limit: int) -> bool:
     """True when JSON text nests deeper than ``limit`` levels. Cheap for nearly every text: the
     count of ``[`` and ``{`` bounds the depth from above, and only a text with more of them than
-    ``limit`` is looked at closely (strings cut out, then a running sum over the brackets, all
-    in C: about a second for 50 million brackets)."""
+    ``limit`` is looked at closely: strings cut out, then a running sum over the brackets, all
+    in C. Strings are cut without a regex (which cost a third of an OTLP import): once the
+    escaped backslashes and then the escaped quotes are removed, every quote left in valid JSON
+    opens or closes a string, so the text outside strings is every other piece between quotes.
+    For text that is not valid JSON the answer may be wrong, but such text fails to parse next."""
     if data.count(b"[") + data.count(b"{") <= limit:
         return False
-    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKET)
+    unescaped = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(unescaped.split(b'"')[::2])
+    brackets = outside.translate(None, _NOT_BRACKET)
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0) > limit
