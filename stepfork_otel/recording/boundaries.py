@@ -63,6 +63,7 @@ from stepfork_otel.recording.streams import (
     ReplayedStream,
     StreamStart,
     is_stream_value,
+    stream_head,
     stream_value,
 )
 from stepfork_otel.trace.canonical import UNSERIALISABLE_MARKER, model_fingerprint
@@ -492,11 +493,7 @@ def _replayed_stream(
     """A substituted streamed call: the recorded chunks, served again."""
     if not is_stream_value(value):
         raise decision.diverged("the recorded call returned a single value, this run streams")
-    head = {
-        key: item
-        for key, item in value.items()
-        if key not in (k.STREAM_CHUNKS, k.STREAM_COMPLETE, k.STREAM_ERROR)
-    }
+    head = stream_head(value)
     chunks: list[Any] = value[k.STREAM_CHUNKS]
     broken = value.get(k.STREAM_ERROR)
     broken_by = None

@@ -69,6 +69,15 @@ def stream_value(
     return value
 
 
+def stream_head(value: dict[str, Any]) -> dict[str, Any]:
+    """A recorded stream value without its chunks, end and error: what the body knew first."""
+    return {
+        key: item
+        for key, item in value.items()
+        if key not in (k.STREAM_CHUNKS, k.STREAM_COMPLETE, k.STREAM_ERROR)
+    }
+
+
 def is_stream_value(value: Any) -> bool:
     return (
         isinstance(value, dict)
@@ -104,11 +113,9 @@ def _finish_unclosed(recorder: Recorder) -> None:
     recorder.end(False)
 
 
-class LiveStream(Generic[T]):
-    """A live stream passed through to the agent and recorded as it is read.
-
-    Iterate it, use it as a context manager, or ``close()`` it early; the call is finished
-    exactly once, on whichever comes first."""
+class _Live(Generic[T]):
+    """What the sync and async live streams share: the source, its recorder, and the finaliser
+    that finishes the call if the stream is dropped unclosed."""
 
     def __init__(self, start: StreamStart[T], finish: Finish) -> None:
         self._chunks = start.chunks
@@ -119,6 +126,13 @@ class LiveStream(Generic[T]):
     @property
     def head(self) -> dict[str, Any]:
         return self._recorder.head
+
+
+class LiveStream(_Live[T]):
+    """A live stream passed through to the agent and recorded as it is read.
+
+    Iterate it, use it as a context manager, or ``close()`` it early; the call is finished
+    exactly once, on whichever comes first."""
 
     def __iter__(self) -> LiveStream[T]:
         return self
@@ -154,18 +168,8 @@ class LiveStream(Generic[T]):
         self.close()
 
 
-class AsyncLiveStream(Generic[T]):
+class AsyncLiveStream(_Live[T]):
     """:class:`LiveStream` for an async iterator of chunks."""
-
-    def __init__(self, start: StreamStart[T], finish: Finish) -> None:
-        self._chunks = start.chunks
-        self._source_close = start.close
-        self._recorder = Recorder(start, finish)
-        weakref.finalize(self, _finish_unclosed, self._recorder)
-
-    @property
-    def head(self) -> dict[str, Any]:
-        return self._recorder.head
 
     def __aiter__(self) -> AsyncLiveStream[T]:
         return self

@@ -39,8 +39,6 @@ from typing import Any
 
 import orjson
 
-from stepfork_otel import constants as k
-
 #: Request headers recorded (and matched) because they change what the API does.
 SEMANTIC_HEADERS: frozenset[str] = frozenset({"anthropic-version", "anthropic-beta", "openai-beta"})
 
@@ -371,11 +369,3 @@ def head_of(record: dict[str, Any]) -> tuple[int, dict[str, str]]:
         status if isinstance(status, int) else 200,
         dict(headers) if isinstance(headers, dict) else {},
     )
-
-
-def without_stream_keys(record: dict[str, Any]) -> dict[str, Any]:
-    return {
-        key: value
-        for key, value in record.items()
-        if key not in (k.STREAM_CHUNKS, k.STREAM_COMPLETE, k.STREAM_ERROR)
-    }
