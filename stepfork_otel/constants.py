@@ -22,8 +22,9 @@ from typing import Final, Literal
 INSTRUMENTATION_NAME: Final = "stepfork_otel"
 
 #: Version of the `.sftrace` bundle format this library writes (and the newest it reads; every
-#: older one is read too). 2 added ``output_key_order`` (the order a call returned its keys in).
-FORMAT_VERSION: Final = 2
+#: older one is read too). 2 added ``output_key_order`` (the order a call returned its keys in);
+#: 3 lets a bundle be written as its run goes (events in the order calls ended, then a trailer).
+FORMAT_VERSION: Final = 3
 #: Value of the ``format`` field of every bundle.
 FORMAT_NAME: Final = "sftrace"
 #: File name suffix of a bundle.
@@ -255,3 +256,11 @@ JOURNAL_FORMAT: Final = "sftrace-journal"
 JOURNAL_SUFFIX: Final = ".journal"
 #: Seconds between two fsyncs of a run journal (data reaches the OS at once either way).
 DEFAULT_FSYNC_INTERVAL: Final = 1.0
+
+# --- memory bounded by what is open: the bundle written as the run goes (issue 13, item 2) --------
+
+#: Seconds at most between a call's end and its events reaching the OS (the background flush of
+#: a run's bundle; 0: written as each call ends; None: only when the buffer fills and at the end).
+DEFAULT_FLUSH_INTERVAL: Final = 1.0
+#: Bytes of a run's bundle buffered before they are written whatever the interval.
+FLUSH_BUFFER_BYTES: Final = 1 << 20

@@ -15,20 +15,28 @@ Design choices, and why:
 * It never raises into the program (every callback goes through ``handle_internal_errors``) and
   blocks on nothing but the bundle write itself, done in ``on_end`` of the root so the file exists
   when ``with record(...)`` returns. Instrumentation is suppressed while it writes.
-* Memory is bounded: at most ``max_open_traces`` traces and ``max_spans_per_trace`` buffered spans
-  per trace. Beyond that spans are dropped, counted in :attr:`stats`, and a warning is logged. A
+* A run with a destination is written **as it goes**: its bundle's header when it starts, each
+  call's events when the call ends (:class:`~stepfork_otel.otel.writer.BundleAppender`, the
+  per-span step of the one conversion), the trailer when it ends. Its spans are not buffered:
+  what the processor holds of it is what is open (the span, and which call it nests in), so
+  memory does not grow with the run's length and the run's end costs one trailer line. The
+  file on disk is always a bundle that loads (``complete: false`` until the trailer): after
+  ``SIGKILL`` it holds every call that ended more than ``flush_interval`` (1 s) before the kill.
+* Other bundles (calls outside runs, force-flushed snapshots of them) are buffered and written
+  at once. Memory is bounded: at most ``max_open_traces`` traces and ``max_spans_per_trace``
+  spans per trace held at a time (for a run written as it goes: its open spans -- a safety valve
+  that a long run never meets). Beyond that spans are dropped, counted in :attr:`stats`, and a warning is logged. A
   bundle from a trace that lost spans says so (``dropped_spans``, ``complete: false``); a run whose
   whole trace was refused still gets a bundle, holding only the run and the reason. Traces whose
   spans have all ended but whose root was never seen are evicted first when the cap is reached.
 * ``force_flush`` writes a snapshot of every open run (and of boundary spans outside runs, when a
   directory is configured), marked incomplete; the run keeps being buffered and its final bundle
   replaces the snapshot when it ends. ``shutdown`` flushes and then stops.
-* Crash durability: while a run with a destination is recorded, each of its spans is appended
-  to the run's journal (:class:`~stepfork_otel.otel.writer.RunJournal`) as it starts and as it
-  ends, before the call returns; the run's bundle replaces the journal when the run ends. A
-  journal left by a dead process is recovered by the next recording in that directory; at exit
-  and on ``SIGTERM`` (when the program has no handler of its own) :meth:`finalise` writes the
-  runs still open as incomplete bundles.
+* Crash durability: a bundle left by a dead process loads as it is (``complete: false``, the
+  calls that had ended); run journals of earlier versions left in a directory are recovered by
+  the next recording there; at exit and on ``SIGTERM`` (when the program has no handler of its
+  own) :meth:`finalise` closes the bundles of the runs still open, their open calls without an
+  outcome.
 * Full payloads come from the boundaries through the in-process hand-off
   (:class:`~stepfork_otel.recording.handoff.PayloadHandoff`), so a payload left
   off the span (size cap, capture off) or cut by an ``OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT`` is still
@@ -39,7 +47,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -57,11 +64,19 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors
 from stepfork_otel.config import CONFIG, RecordingConfig
-from stepfork_otel.otel.writer import BundleWriter, RunJournal, recover_directory
+from stepfork_otel.otel.writer import BundleAppender, BundleWriter, recover_directory
 from stepfork_otel.recording.handoff import HANDOFF, PayloadHandoff
 from stepfork_otel.trace import grouping
-from stepfork_otel.trace.bundle import bundle_file_name
-from stepfork_otel.trace.conversion import SpanRecord, is_stepfork_span, spans_to_trace
+from stepfork_otel.trace.bundle import BundleEncoder, bundle_file_name
+from stepfork_otel.trace.conversion import (
+    SpanRecord,
+    context_span,
+    replay_mode_of,
+    run_info,
+    span_events,
+    spans_to_trace,
+)
+from stepfork_otel.trace.models import ContextSpan, Trace
 from stepfork_otel.trace.payload import Payload
 
 logger = logging.getLogger("stepfork_otel")
@@ -97,6 +112,11 @@ def span_record(
         attributes=_attributes(span) if copy else (span.attributes or {}),
         payloads=dict(payloads or {}),
     )
+
+
+def _str_attr(record: SpanRecord, key: str) -> str | None:
+    value = record.attributes.get(key)
+    return value if isinstance(value, str) and value else None
 
 
 def _kind(span: ReadableSpan) -> Any:
@@ -156,8 +176,29 @@ class _Job:
     complete: bool
     reason: str | None
     dropped: int
-    journal: RunJournal | None = None
-    """The run's journal, removed once this (final) bundle is written."""
+
+
+@dataclass(slots=True, eq=False)
+class _Live:
+    """A run whose bundle is written as it goes (:class:`~stepfork_otel.otel.writer.
+    BundleAppender`): only what is open is held -- which open span nests in which call, and the
+    number of each open call."""
+
+    trace_id: int
+    run_id: int
+    appender: BundleAppender
+    encoder: BundleEncoder
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held while this run's events are converted and appended (after the processor's lock)."""
+    next_call: int = 1
+    scope: dict[int, str | None] = field(default_factory=dict)
+    """Each open span of the run's subtree -> the call id its children nest in (None: none)."""
+    calls: dict[int, tuple[str, int, str | None]] = field(default_factory=dict)
+    """Each open boundary span of the run -> (call id, call number, the call it is nested in)."""
+    context: list[ContextSpan] = field(default_factory=list)
+    """The application's spans of the run, kept as context (small: no payloads)."""
+    replay_mode: tuple[int, str] | None = None
+    """(call number, mode) of the first call that said it was replayed."""
 
 
 class SftraceSpanProcessor(SpanProcessor):
@@ -174,16 +215,20 @@ class SftraceSpanProcessor(SpanProcessor):
         handoff: PayloadHandoff | None = None,
         journal: bool = True,
         fsync_interval: float | None = k.DEFAULT_FSYNC_INTERVAL,
+        flush_interval: float | None = k.DEFAULT_FLUSH_INTERVAL,
     ) -> None:
         self.writer = BundleWriter(directory, compress=compress)
         self.journal = journal
-        """Keep a journal of each run while it is recorded (crash durability, see
-        :class:`~stepfork_otel.otel.writer.RunJournal`)."""
+        """Crash durability: flush each run's bundle every ``flush_interval`` seconds while it is
+        recorded. False: only when its buffer fills and when the run ends."""
         self.fsync_interval = fsync_interval
-        #: (trace id, run span id) -> the journal of a run being recorded.
-        self._journals: dict[tuple[int, int], RunJournal] = {}
+        """Seconds between fsyncs of a bundle being written (0: every write; None: never)."""
+        self.flush_interval = flush_interval
+        """Seconds at most between a call's end and its events reaching the OS (0: at once)."""
+        #: trace id -> the runs of that trace whose bundles are being written as they go.
+        self._lives: dict[int, list[_Live]] = {}
         self._recovered: set[Path] = set()
-        if journal and self.writer.directory is not None:  # a start in that directory
+        if self.writer.directory is not None:  # a start in that directory
             self._recovered.add(self.writer.directory)
             with handle_internal_errors(f"recovering runs cut short in {self.writer.directory}"):
                 recover_directory(self.writer.directory)
@@ -249,23 +294,23 @@ class SftraceSpanProcessor(SpanProcessor):
                 with self._lock:
                     self._destinations[(trace_id, span_id)] = path
                 if span_id is not None:
-                    self._open_journal(trace_id, span_id, path)
+                    self._open_live(trace_id, span_id, path)
                 return path
         with self._lock:
             path = self._claim(self._default_path(trace_id, directory), trace_id, span_id)
             self._destinations[(trace_id, span_id)] = path
         if span_id is not None:
-            self._open_journal(trace_id, span_id, path)
+            self._open_live(trace_id, span_id, path)
         return path
 
-    # -- journals --------------------------------------------------------------------------------
+    # -- runs written as they go -----------------------------------------------------------------
 
-    def _open_journal(self, trace_id: int, run_id: int, path: Path) -> None:
-        """Start the journal of a run whose bundle goes to ``path`` (after recovering what dead
-        processes left in that directory, once per directory)."""
-        if not self.journal or self._shutdown:
+    def _open_live(self, trace_id: int, run_id: int, path: Path) -> None:
+        """Start writing the bundle of a run to ``path`` (after recovering what dead processes
+        left in that directory, once per directory): its header now, its calls as they end."""
+        if self._shutdown:
             return
-        with handle_internal_errors(f"opening the run journal of {path}"):
+        with handle_internal_errors(f"starting the bundle {path}"):
             directory = path.parent
             if directory not in self._recovered:
                 self._recovered.add(directory)
@@ -273,71 +318,180 @@ class SftraceSpanProcessor(SpanProcessor):
             with self._lock:
                 entry = self._traces.get(trace_id)
                 span = None if entry is None else entry.open.get(run_id)
-                if span is None or (trace_id, run_id) in self._journals:
+                lives = self._lives.setdefault(trace_id, [])
+                if span is None or any(live.run_id == run_id for live in lives):
+                    if not lives:
+                        del self._lives[trace_id]
                     return
-                journal = RunJournal(
-                    path, f"{trace_id:032x}", f"{run_id:016x}", self.fsync_interval
+                record = span_record(span, self._handoff.read(run_id))
+                start = Trace(
+                    trace_id=record.trace_id,
+                    created_by=_str_attr(record, k.SDK_VERSION),
+                    run=run_info(record, None),
                 )
-                journal.append(span_record(span, self._handoff.read(run_id)))
-                self._journals[(trace_id, run_id)] = journal
+                encoder = BundleEncoder(start)
+                flush = self.flush_interval if self.journal else None
+                appender = BundleAppender(
+                    path,
+                    encoder.head(),
+                    flush_interval=flush,
+                    fsync_interval=self.fsync_interval,
+                )
+                lives.append(_Live(trace_id, run_id, appender, encoder, scope={run_id: None}))
             _watch_for_exit(self)
 
-    def _journals_above(
-        self, trace_id: int, entry: _OpenTrace, parent: int | None
-    ) -> list[RunJournal]:
-        """The journals of the runs enclosing a span whose parent is ``parent`` (caller holds
-        the lock)."""
-        found: list[RunJournal] = []
-        for _ in range(1024):  # (a parent chain is never this long; a cycle would be)
-            if parent is None:
-                break
-            journal = self._journals.get((trace_id, parent))
-            if journal is not None:
-                found.append(journal)
-            span: ReadableSpan | None = entry.open.get(parent)
-            if span is None:
-                ended = entry.ended.get(parent)
-                if ended is None:
-                    break
-                span = ended[0]
-            parent = _local_parent(span)
+    def _live_start(self, lives: list[_Live], span: Span, span_id: int) -> None:
+        """Number a span that starts in runs written as they go (caller holds the lock)."""
+        parent = _local_parent(span)
+        is_call = _kind(span) in k.BOUNDARY_KINDS
+        for live in lives:
+            if parent not in live.scope:
+                continue
+            enclosing = live.scope[parent]
+            if is_call:
+                n = live.next_call
+                live.next_call = n + 1
+                call_id = f"call-{n}"
+                live.calls[span_id] = (call_id, n, enclosing)
+                live.scope[span_id] = call_id
+            else:
+                live.scope[span_id] = enclosing
+
+    def _live_end(self, span: ReadableSpan, span_id: int, payloads: Mapping[str, Payload]) -> bool:
+        """Write an ended span to the bundles of the runs it is in; True if it was in one. The
+        conversion runs outside the processor's lock, under each run's own (taken before the
+        processor's is released, so a run's end waits for its calls' events)."""
+        work: list[tuple[_Live, tuple[str, int, str | None] | None]] = []
+        ended_runs: list[tuple[_Live, list[tuple[tuple[str, int, str | None], SpanRecord]]]] = []
+        dropped = 0
+        with self._lock:
+            trace_id = span.get_span_context().trace_id  # type: ignore[union-attr]
+            lives = self._lives.get(trace_id)
+            if not lives:
+                return False
+            for live in list(lives):
+                if span_id == live.run_id:
+                    lives.remove(live)
+                    entry = self._traces.get(live.trace_id)
+                    dropped = entry.dropped if entry is not None else 0
+                    ended_runs.append((live, self._open_calls(live, entry)))
+                    live.lock.acquire()
+                elif span_id in live.scope:
+                    del live.scope[span_id]
+                    work.append((live, live.calls.pop(span_id, None)))
+                    live.lock.acquire()
+            if not lives:
+                del self._lives[trace_id]
+        if not work and not ended_runs:
+            return False
+        try:
+            record = span_record(span, payloads, copy=False)
+            for live, call in work:
+                with handle_internal_errors(f"writing a call to the bundle {live.appender.path}"):
+                    if call is not None:
+                        events = [e for e in span_events(record, *call) if e is not None]
+                        if live.replay_mode is None or call[1] < live.replay_mode[0]:
+                            mode = replay_mode_of(record)
+                            if mode is not None:
+                                live.replay_mode = (call[1], mode)
+                        live.appender.append(live.encoder.events(events))
+                    elif record.stepfork_kind is None:
+                        live.context.append(context_span(record, self.config.settings.redactor))
+            for live, still_open in ended_runs:
+                with handle_internal_errors(f"ending the bundle {live.appender.path}"):
+                    self._close_live(live, record, still_open, dropped=dropped)
+        finally:
+            for live, _ in work:
+                live.lock.release()
+            for live, _ in ended_runs:
+                live.lock.release()
+        return True
+
+    def _open_calls(
+        self, live: _Live, entry: _OpenTrace | None
+    ) -> list[tuple[tuple[str, int, str | None], SpanRecord]]:
+        """The calls of a run still open as it ends (caller holds the lock): calls without an
+        outcome in its bundle."""
+        found = []
+        for span_id, call in live.calls.items():
+            span = None if entry is None else entry.open.get(span_id)
+            if span is not None:
+                found.append((call, span_record(span, self._handoff.read(span_id))))
+        live.calls.clear()
         return found
 
-    def _journal_record(
-        self, span: ReadableSpan, payloads: Mapping[str, Payload] | None
-    ) -> SpanRecord:
-        record = span_record(span, payloads, copy=span.end_time is None)
-        if not is_stepfork_span(record):  # the application's span names may embed credentials
-            record = dataclasses.replace(
-                record, name=self.config.settings.redactor.redact_text(record.name)
-            )
-        return record
+    def _close_live(
+        self,
+        live: _Live,
+        run: SpanRecord,
+        still_open: list[tuple[tuple[str, int, str | None], SpanRecord]],
+        *,
+        dropped: int,
+        reason: str | None = None,
+        timeout: float = -1,
+    ) -> None:
+        """Write the calls still open and the trailer, and close the run's bundle (caller holds
+        ``live.lock``). ``reason``: why it is incomplete though the run may not have ended."""
+        events = [span_events(record, *call)[0] for call, record in still_open]
+        if reason is None and run.end_time_unix_nano is None:
+            reason = "the run span never ended"
+        if reason is None and still_open:
+            reason = f"{len(still_open)} call(s) had not ended when the bundle was written"
+        if reason is None and dropped:
+            reason = f"{dropped} span(s) of this trace were dropped (per-trace cap)"
+        mode = None if live.replay_mode is None else live.replay_mode[1]
+        final = Trace(
+            trace_id=run.trace_id,
+            complete=reason is None,
+            incomplete_reason=reason,
+            dropped_spans=dropped,
+            run=run_info(run, mode),
+            context=sorted(live.context, key=lambda c: (c.start_time_unix_nano, c.span_id)),
+        )
+        data = live.encoder.events(events) + live.encoder.trailer(final)
+        if live.appender.close(data, timeout=timeout):
+            self.stats.bundles_written += 1
 
-    def _append(self, journals: list[RunJournal], record: SpanRecord) -> None:
-        for journal in journals:
-            with handle_internal_errors(f"appending to the run journal {journal.path}"):
-                journal.append(record)
+    def _close_lives(self, reason: str, timeout: float) -> None:
+        """Close every run's bundle with what it holds, marked incomplete (at exit, at
+        shutdown). Gives up on a run rather than wait more than ``timeout`` for a lock the
+        interrupted code holds: what its bundle already holds stays on disk."""
+        if not self._lock.acquire(timeout=timeout):
+            for lives in list(self._lives.values()):
+                for live in lives:
+                    live.appender.flush(timeout=timeout)
+            return
+        try:
+            closing = []
+            for trace_id, lives in self._lives.items():
+                entry = self._traces.get(trace_id)
+                for live in lives:
+                    span = None if entry is None else entry.open.get(live.run_id)
+                    if span is None:
+                        continue
+                    run = span_record(span, self._handoff.read(live.run_id))
+                    closing.append((live, run, self._open_calls(live, entry)))
+            self._lives.clear()
+        finally:
+            self._lock.release()
+        for live, run, still_open in closing:
+            if not live.lock.acquire(timeout=timeout):
+                live.appender.flush(timeout=timeout)
+                continue
+            try:
+                with handle_internal_errors(f"ending the bundle {live.appender.path}"):
+                    self._close_live(
+                        live, run, still_open, dropped=0, reason=reason, timeout=timeout
+                    )
+            finally:
+                live.lock.release()
 
     def finalise(self, timeout: float = 1.0) -> None:
-        """At exit (``SIGTERM``, interpreter exit): write what every run still being recorded
-        has, marked incomplete, and remove its journal. Gives up on a run rather than wait more
-        than ``timeout`` for a lock the interrupted code holds (its journal stays, and the next
-        start in that directory recovers it)."""
+        """At exit (``SIGTERM``, interpreter exit): close the bundle of every run still being
+        recorded with what it holds, marked incomplete (its open calls without an outcome)."""
         with handle_internal_errors("finalising runs at exit"):
-            if not self._journals or not self._lock.acquire(timeout=timeout):
-                return
-            try:
-                jobs: list[_Job] = []
-                for trace_id, entry in self._traces.items():
-                    if any(key[0] == trace_id for key in self._journals):
-                        jobs.extend(self._snapshot_jobs(trace_id, entry))
-                journals = dict(self._journals)
-                self._journals.clear()
-            finally:
-                self._lock.release()
-            self._write_all(jobs)
-            for journal in journals.values():
-                journal.close(remove=journal.bundle_path.exists(), timeout=timeout)
+            if self._lives:
+                self._close_lives("the process exited before the run ended", timeout)
 
     def _path_for(self, trace_id: int, span_id: int | None, *, final: bool) -> Path | None:
         """The bundle path of a run or of the trace (caller holds the lock); None: not written."""
@@ -395,16 +549,14 @@ class SftraceSpanProcessor(SpanProcessor):
                 return
             if self._passes_through(span):
                 return
-            journals: list[RunJournal] = []
             with self._lock:
                 entry = self._entry(ctx.trace_id)
                 if entry is None or entry.size() >= self.max_spans_per_trace:
                     return  # counted as dropped when it ends
                 entry.open[ctx.span_id] = span
-                if self._journals:
-                    journals = self._journals_above(ctx.trace_id, entry, _local_parent(span))
-            if journals:  # a call that starts and never ends is a call without an outcome
-                self._append(journals, self._journal_record(span, None))
+                lives = self._lives.get(ctx.trace_id)
+                if lives:
+                    self._live_start(lives, span, ctx.span_id)
 
     def on_end(self, span: ReadableSpan) -> None:
         with handle_internal_errors("buffering a finished span"):
@@ -418,8 +570,9 @@ class SftraceSpanProcessor(SpanProcessor):
             kind = _kind(span)
             is_local_root = _local_parent(span) is None
             is_run = kind == k.KIND_RUN
+            # written to the bundles of the runs it is in (and then not buffered)
+            live = bool(self._lives) and self._live_end(span, ctx.span_id, payloads)
             jobs: list[_Job] = []
-            journals: list[RunJournal] = []
             with self._lock:
                 if (
                     self._passes_through(span)
@@ -427,14 +580,9 @@ class SftraceSpanProcessor(SpanProcessor):
                     and (ctx.trace_id, None) not in self._destinations
                 ):
                     return
-                entry = self._traces.get(ctx.trace_id)
-                if self._journals and entry is not None:
-                    journals = self._journals_above(ctx.trace_id, entry, _local_parent(span))
                 jobs = self._buffer(
-                    span, ctx.trace_id, ctx.span_id, payloads, is_run, is_local_root
+                    span, ctx.trace_id, ctx.span_id, payloads, is_run, is_local_root, live
                 )
-            if journals:  # before the bundle: a kill while it is written loses nothing
-                self._append(journals, self._journal_record(span, payloads))
             self._write_all(jobs)
 
     def _buffer(
@@ -445,20 +593,26 @@ class SftraceSpanProcessor(SpanProcessor):
         payloads: Mapping[str, Payload],
         is_run: bool,
         is_local_root: bool,
+        live: bool = False,
     ) -> list[_Job]:
-        """Buffer an ended span; the bundles its end completes (caller holds the lock)."""
+        """Buffer an ended span; the bundles its end completes (caller holds the lock).
+        ``live``: it was written to the bundle of a run written as it goes, not buffered."""
         entry = self._entry(trace_id)  # None: the trace is refused (now or earlier)
         if entry is None:
             self._refused[trace_id] += 1
             self.stats.dropped_spans += 1
             return self._refused_job(span, payloads, is_local_root)
         tracked = entry.open.pop(span_id, None) is not None
-        if tracked or entry.size() < self.max_spans_per_trace:
+        if live:
+            pass
+        elif tracked or entry.size() < self.max_spans_per_trace:
             entry.ended[span_id] = (span, payloads)
         else:
             self._drop_span(entry, trace_id)
         jobs: list[_Job] = []
-        if is_run:
+        if is_run and live:
+            self._destinations.pop((trace_id, span_id), None)  # (its bundle is closed)
+        elif is_run:
             jobs.extend(self._run_job(trace_id, entry, span_id))
         if is_local_root:
             # a run that is its own local root was written above: only clean up
@@ -513,12 +667,6 @@ class SftraceSpanProcessor(SpanProcessor):
         parents = entry.parents()
         ids = grouping.subtree(parents, run_id)
         jobs = [] if path is None else [self._job(trace_id, entry, run_id, ids, path, final=True)]
-        journal = self._journals.pop((trace_id, run_id), None)
-        if journal is not None:
-            if jobs:
-                jobs[0].journal = journal
-            else:
-                journal.close(remove=True)
         if grouping.enclosing_run(parents, entry.kinds(), run_id) is None:
             # a nested run's spans stay for the outer run's bundle
             for span_id in ids:
@@ -580,12 +728,19 @@ class SftraceSpanProcessor(SpanProcessor):
             with self._lock:
                 for trace_id, entry in self._traces.items():
                     jobs.extend(self._snapshot_jobs(trace_id, entry))
+                appenders = [live.appender for lives in self._lives.values() for live in lives]
+            for appender in appenders:  # (a bundle written as its run goes is its own snapshot)
+                with handle_internal_errors(f"flushing the bundle {appender.path}"):
+                    appender.flush()
             self._write_all(jobs)
         return True
 
     def _snapshot_jobs(self, trace_id: int, entry: _OpenTrace) -> list[_Job]:
         jobs: list[_Job] = []
+        live = {live.run_id for live in self._lives.get(trace_id, ())}
         for group in grouping.groups(entry.parents(), entry.kinds()):
+            if group.run in live:
+                continue  # written as it goes: the file is already what it holds
             path = self._path_for(trace_id, group.run, final=False)
             if path is not None:
                 jobs.append(self._job(trace_id, entry, group.run, group.members, path, final=False))
@@ -595,29 +750,21 @@ class SftraceSpanProcessor(SpanProcessor):
         if self._shutdown:
             return
         self.force_flush()
+        with handle_internal_errors("closing the bundles of runs still open"):
+            self._close_lives("the tracer provider shut down before the run ended", 5.0)
         with self._lock:
             self._shutdown = True
             self._traces.clear()
             self._refused.clear()
             self._destinations.clear()
-            journals = list(self._journals.values())
-            self._journals.clear()
-        for journal in journals:  # the flushed snapshot now holds what the journal did
-            with handle_internal_errors(f"closing the run journal {journal.path}"):
-                journal.close(remove=journal.bundle_path.exists())
         self._handoff.detach()
 
     # -- writing ---------------------------------------------------------------------------------
 
     def _write_all(self, jobs: list[_Job]) -> None:
         for job in jobs:
-            written = False
             with handle_internal_errors(f"writing the bundle {job.path}"):
                 self._write(job)
-                written = True
-            if job.journal is not None:  # kept when the bundle could not be written
-                with handle_internal_errors(f"closing the run journal {job.journal.path}"):
-                    job.journal.close(remove=written)
 
     def _write(self, job: _Job) -> None:
         try:

@@ -5,9 +5,10 @@ the writer decides *where* it goes and how it is written -- as the SDK's ``Batch
 decides when a batch is done and a ``SpanExporter`` where it goes. Swapping the destination never
 touches the buffering.
 
-While a run is recorded its spans also go to a :class:`RunJournal` next to the bundle, so a killed
-process leaves its calls on disk; :func:`recover_directory` turns what dead processes left in a
-directory (journals, half-written temporary files) into bundles, or deletes it.
+A run's bundle is written as the run goes (:class:`BundleAppender`), so a killed process leaves
+its calls on disk in a file that loads; :func:`recover_directory` turns what dead processes of
+earlier versions left in a directory (run journals) into bundles, and deletes half-written
+temporary files of atomic writes.
 """
 
 from __future__ import annotations
@@ -18,17 +19,21 @@ import os
 import re
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import orjson
 from opentelemetry import context as context_api
 
 from stepfork_otel._internal import handle_internal_errors
-from stepfork_otel.constants import DEFAULT_FSYNC_INTERVAL, JOURNAL_SUFFIX
+from stepfork_otel.constants import (
+    DEFAULT_FLUSH_INTERVAL,
+    DEFAULT_FSYNC_INTERVAL,
+    FLUSH_BUFFER_BYTES,
+    JOURNAL_SUFFIX,
+)
 from stepfork_otel.trace.bundle import TMP_SUFFIX, bundle_file_name, load_trace, save_trace
-from stepfork_otel.trace.conversion import SpanRecord
 from stepfork_otel.trace.errors import BundleError
-from stepfork_otel.trace.journal import journal_header, journal_line
 from stepfork_otel.trace.models import Trace
 
 logger = logging.getLogger("stepfork_otel")
@@ -61,34 +66,53 @@ class BundleWriter:
             context_api.detach(token)
 
 
-class RunJournal:
-    """The journal of one run being recorded (:mod:`stepfork_otel.trace.journal`): spans are
-    appended as they start and end, with one unbuffered ``write`` each, so after ``SIGKILL`` the
-    file holds every span that ended before the kill (the OS has it). ``fsync_interval``: seconds
-    between fsyncs, done at the first append after that long and at close (0: every append;
-    None: never) -- what a power cut may lose."""
+class BundleAppender:
+    """The bundle of one run, written as the run goes (format 3, see
+    :class:`~stepfork_otel.trace.bundle.BundleEncoder`): the file at the bundle's own path is
+    created with its header when the run starts, each call's events are appended when the call
+    ends, and the trailer closes it when the run ends. So the file on disk is always a bundle
+    that loads -- ``complete: false`` until the trailer -- and a killed process leaves it, not
+    nothing (what once took a separate run journal).
+
+    Appends go to a buffer, written by one background thread every ``flush_interval`` seconds
+    (a call's events reach the OS at most that long after it ended; 0: at once, by the ending
+    thread; None: only when the buffer holds :data:`FLUSH_BUFFER_BYTES` and at the end) or by
+    the appending thread when the buffer is that full. ``fsync_interval``: seconds between
+    fsyncs, at a write after that long and at close (0: every write; None: never) -- what a
+    power cut may lose on top. A compressed bundle is one gzip stream, flushed (``Z_SYNC_FLUSH``)
+    at each write, so what was written decompresses."""
 
     def __init__(
         self,
-        bundle_path: Path,
-        trace_id: str,
-        run_span_id: str,
+        path: Path,
+        head: bytes,
+        *,
+        flush_interval: float | None = DEFAULT_FLUSH_INTERVAL,
         fsync_interval: float | None = DEFAULT_FSYNC_INTERVAL,
     ) -> None:
-        self.bundle_path = bundle_path
-        self.path = journal_path(bundle_path)
+        self.path = path
+        self.flush_interval = flush_interval
         self.fsync_interval = fsync_interval
         self._lock = threading.Lock()
+        self._buffer: list[bytes] = []
+        self._buffered = 0
         self._last_sync = time.monotonic()
-        bundle_path.parent.mkdir(parents=True, exist_ok=True)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
-        self._fd: int | None = os.open(self.path, flags, 0o600)
-        self._write(journal_header(bundle_path.name, trace_id, run_span_id, os.getpid()))
+        self._packer = zlib.compressobj(6, zlib.DEFLATED, 31) if path.name.endswith(".gz") else None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+        self._fd: int | None = os.open(path, flags, 0o644)
+        with self._lock:
+            self._write(head)
+        if flush_interval is not None and flush_interval > 0:
+            _FLUSHER.add(self)
 
     def _write(self, data: bytes) -> None:
+        """Write ``data`` (caller holds the lock)."""
         fd = self._fd
         if fd is None:
             return
+        if self._packer is not None:
+            data = self._packer.compress(data) + self._packer.flush(zlib.Z_SYNC_FLUSH)
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
@@ -97,29 +121,111 @@ class RunJournal:
             os.fsync(fd)
             self._last_sync = time.monotonic()
 
-    def append(self, record: SpanRecord) -> None:
-        line = journal_line(record)
+    def append(self, data: bytes) -> None:
         with self._lock:
-            self._write(line)
+            if self._fd is None:
+                return
+            self._buffer.append(data)
+            self._buffered += len(data)
+            if self.flush_interval == 0 or self._buffered >= FLUSH_BUFFER_BYTES:
+                self._drain()
 
-    def close(self, *, remove: bool, timeout: float = -1) -> None:
-        """Stop appending; ``remove``: the bundle now holds everything, delete the journal.
-        ``timeout``: give up (leaving the journal open) rather than wait longer for an append
-        under way -- at exit, that append may belong to the very thread being interrupted."""
+    def _drain(self) -> None:
+        if self._buffer:
+            data = b"".join(self._buffer)
+            self._buffer.clear()
+            self._buffered = 0
+            self._write(data)
+
+    def flush(self, timeout: float = -1) -> bool:
+        """Write what is buffered. False: gave up waiting ``timeout`` for the lock."""
         if not self._lock.acquire(timeout=timeout):
-            return
+            return False
         try:
-            fd, self._fd = self._fd, None
+            self._drain()
         finally:
             self._lock.release()
-        if fd is None:
-            return
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
+    def close(self, last: bytes = b"", *, timeout: float = -1) -> bool:
+        """Write what is buffered and ``last`` (the trailer), fsync (unless the policy is never)
+        and close. False: gave up waiting ``timeout`` for an append under way (at exit, it may
+        belong to the very thread being interrupted) -- what was written stays a bundle."""
+        if not self._lock.acquire(timeout=timeout):
+            return False
+        try:
+            fd = self._fd
+            if fd is None:
+                return True
+            self._buffer.append(last)
+            self._drain()
+            if self._packer is not None:
+                tail = self._packer.flush()
+                view = memoryview(tail)
+                while view:
+                    view = view[os.write(fd, view) :]
+            self._fd = None
+        finally:
+            self._lock.release()
+        _FLUSHER.discard(self)
         with contextlib.suppress(OSError):
-            if not remove and self.fsync_interval is not None:
+            if self.fsync_interval is not None:
                 os.fsync(fd)
         os.close(fd)
-        if remove:
-            self.path.unlink(missing_ok=True)
+        return True
+
+
+class _Flusher:
+    """The one background thread that writes the buffered appends of every open run's bundle,
+    at the shortest interval any of them asks for (started with the first, a daemon thread: it
+    holds nothing a process exit would lose beyond the interval, and exit handlers close the
+    bundles)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: set[BundleAppender] = set()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def add(self, appender: BundleAppender) -> None:
+        with self._lock:
+            self._open.add(appender)
+            if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(
+                    target=self._run, name="stepfork-bundle-flush", daemon=True
+                )
+                self._thread.start()
+            self._wake.set()
+
+    def discard(self, appender: BundleAppender) -> None:
+        with self._lock:
+            self._open.discard(appender)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                appenders = list(self._open)
+            intervals = [a.flush_interval for a in appenders if a.flush_interval]
+            self._wake.wait(min(intervals) if intervals else None)
+            self._wake.clear()
+            if not intervals:
+                continue
+            token = context_api.attach(context_api.set_value(_SUPPRESS_KEY, True))
+            try:
+                for appender in appenders:
+                    with handle_internal_errors(f"writing the bundle {appender.path}"):
+                        appender.flush()
+            finally:
+                context_api.detach(token)
+
+
+_FLUSHER = _Flusher()
 
 
 def journal_path(bundle_path: Path) -> Path:

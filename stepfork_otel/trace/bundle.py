@@ -53,7 +53,12 @@ import orjson
 from pydantic import ValidationError
 
 from stepfork_otel.constants import BUNDLE_SUFFIX, FORMAT_NAME, FORMAT_VERSION, GZIP_MAGIC
-from stepfork_otel.trace.checks import note_lines_fingerprint, raise_if_inconsistent
+from stepfork_otel.trace.checks import (
+    note_lines_fingerprint,
+    plainly_consistent,
+    raise_if_inconsistent,
+)
+from stepfork_otel.trace.conversion import order_events
 from stepfork_otel.trace.errors import BundleError, BundleVersionError, Problem, quote
 from stepfork_otel.trace.journal import JOURNAL_MAGIC, read_journal
 from stepfork_otel.trace.limits import (
@@ -121,6 +126,7 @@ _EVENT = b'{"type":"'
 _P_IN = b'{"input":'
 _P_OUT = b'{"output":'
 _END = b'{"end":'
+_RUN = b'{"run":'  # the trailer of a bundle written as its run went (format 3)
 _KIND_EVENT, _KIND_IN, _KIND_OUT = ord("t"), ord("i"), ord("o")
 # one byte per line (the line's third byte: t(ype), i(nput), o(utput)); a valid run of lines
 _GRAMMAR = re.compile(rb"(?:t[io]?)*")
@@ -213,6 +219,7 @@ class _Reader:
         self.in_run = True  # still reading the run's payload lines (after the header)
         self.events: list[Event] = []
         self.end: Any = None
+        self.trailer: dict[str, Any] | None = None  # (format 3)
         self.lineno = 1  # the number of the first line not yet consumed
         self.start: bytes | None = b""  # the file's first bytes, until sniff() has decided
         self.format_named = False  # a long first line was seen to name the format
@@ -276,8 +283,8 @@ class _Reader:
             if held is not None:
                 lines.insert(0, held)
                 held = None
-            if lines and lines[-1][2:3] == b"t":  # (the header line starts {"f)
-                held = lines.pop()
+            if lines and lines[-1][2:3] in (b"t", b"r"):  # (the header line starts {"f)
+                held = lines.pop()  # an event line, or the trailer: its payload line may follow
             self.feed(lines, at_eof=False)
         if self.start is not None:
             self.sniff(b"", at_eof=True)
@@ -285,7 +292,9 @@ class _Reader:
             raise self.error(_STRAY_CR, ended + 1)
         lines = [] if held is None else [held]
         if partial:  # a missing final newline is tolerated; the end line tells truncation
-            lines.append(b"".join([*partial, b"\n"]))
+            line = b"".join([*partial, b"\n"])
+            if not (self.may_end_early() and not line.startswith(_END)):
+                lines.append(line)  # (else: the line a kill cut short, left out)
         self.feed(lines, at_eof=True)
         return self.finish()
 
@@ -372,16 +381,71 @@ class _Reader:
             self.lineno += taken
         if self.end is not None and lines:
             raise self.error("data after the end line", self.lineno)
+        end_line: bytes | None = None
         if lines and lines[-1].startswith(_END):
-            self.read_end(lines.pop(), self.lineno + len(lines))
+            end_line = lines.pop()
         elif at_eof and self.end is None:
             for n, line in enumerate(lines):
                 if line.startswith(_END):
                     raise self.error("data after the end line", self.lineno + n + 1)
-            raise self.error('truncated bundle (no end line {"end":"sftrace",...})')
+            if not self.may_end_early():
+                raise self.error('truncated bundle (no end line {"end":"sftrace",...})')
+        tail: list[bytes] = []
+        if self.trailer is not None:
+            tail, lines = lines, []
+        elif self.version >= 3:  # the trailer, then the run's output line, then the end line
+            for n in range(max(0, len(lines) - 2), len(lines)):
+                if lines[n].startswith(_RUN):
+                    tail = lines[n:]
+                    del lines[n:]
+                    break
         if lines:
             self.read_events(lines)
             self.lineno += len(lines)
+        if tail:
+            self.read_tail(tail)
+        if end_line is not None:
+            self.read_end(end_line, self.lineno)
+            self.lineno += 1
+
+    @property
+    def version(self) -> int:
+        version = self.head.get("format_version") if self.head else None
+        return version if isinstance(version, int) and not isinstance(version, bool) else 1
+
+    def may_end_early(self) -> bool:
+        """A bundle written as its run went says it is incomplete until its trailer: it may end
+        anywhere (the process was killed), and loads as what it holds."""
+        head = self.head
+        return head is not None and self.version >= 3 and head.get("complete") is False
+
+    def read_tail(self, tail: list[bytes]) -> None:
+        """The trailer (format 3): what only the run's end knew, then the run's output line."""
+        if self.trailer is None:
+            line = tail[0]
+            try:
+                trailer = orjson.loads(line[:-1])
+            except orjson.JSONDecodeError as exc:
+                raise self.error(f"trailer is not valid JSON: {exc}", self.lineno) from None
+            if json_depth_exceeds(trailer, self.limits.max_json_depth):
+                raise self.too_deep(self.lineno)
+            if not (isinstance(trailer, dict) and isinstance(trailer.get("run"), dict)):
+                raise self.error('trailer must be an object with a "run" object', self.lineno)
+            if "input" in trailer["run"] or "output" in trailer["run"] or "events" in trailer:
+                raise self.error("the trailer holds no payloads or events", self.lineno)
+            assert self.head is not None
+            run = self.head.get("run")
+            self.head.update({key: v for key, v in trailer.items() if key != "run"})
+            self.head["run"] = {**(run if isinstance(run, dict) else {}), **trailer["run"]}
+            self.trailer = trailer
+            self.lines_hash.update(line)
+            self.lineno += 1
+            tail = tail[1:]
+        for line in tail:
+            if not line.startswith(_P_OUT) or "output" in self.run_payloads:
+                raise self.error("after the trailer: the run's output line, then the end line")
+            self.run_payload(line, self.lineno)
+            self.lineno += 1
 
     def read_head(self, line: bytes, *, blank_rest: bool) -> None:
         if not line.strip():
@@ -582,7 +646,12 @@ class _Reader:
         assert self.head is not None
         count = len(self.events)
         end = self.end
-        if not (
+        if end is None and self.may_end_early():  # (cut short: what it holds, incomplete)
+            self.head["complete"] = False
+            self.head["incomplete_reason"] = NO_TRAILER_REASON
+            self.events = _cut_short(self.events, self.head)
+            end = {"end": FORMAT_NAME, "events": len(self.events)}
+        elif not (
             isinstance(end, dict) and end.get("end") == FORMAT_NAME and end.get("events") == count
         ):
             declared = end.get("events") if isinstance(end, dict) else end
@@ -603,6 +672,11 @@ class _Reader:
             trace = TRACE_ADAPTER.validate_json(orjson.dumps({**head, "events": []}), strict=True)
         except ValidationError as exc:
             raise self.error(_describe_validation_error(exc), 1) from None
+        if self.version >= 3 and not plainly_consistent(self.events):
+            # written as the run went: a call's events come when it ends (nested calls first)
+            ordered = order_events(self.events)
+            if ordered is not None:
+                self.events = ordered
         trace.__dict__["events"] = self.events
         run_map = (b"i" if "input" in self.run_payloads else b"-") + (
             b"o" if "output" in self.run_payloads else b"-"
@@ -610,6 +684,36 @@ class _Reader:
         self.lines_hash.update(run_map + b"".join(self.payload_map).translate(_PAYLOAD_MAP))
         note_lines_fingerprint(trace, stored, self.lines_hash.hexdigest())
         return trace
+
+
+def _torn(event: Event) -> bool:
+    """An event whose payload line the kill cut off (it names a fingerprint, no reason)."""
+    if isinstance(event, (ToolCall, LlmRequest)):
+        return event.input is None and event.input_sha256 is not None and not event.input_missing
+    if isinstance(event, ErrorEvent):
+        return False  # (its output is its message: always there)
+    return event.output is None and event.output_sha256 is not None and not event.output_missing
+
+
+def _cut_short(events: list[Event], head: dict[str, Any]) -> list[Event]:
+    """The events of a bundle whose writing stopped mid-way (format 3, no end line), as far as
+    they go on without a hole: the last event if the kill cut its payload line off, and every
+    call from the first call number missing on (with their outcomes) are left out -- a call is
+    written when it ends, so the missing one had not ended (or was still in the buffer), and
+    replay stops there."""
+    while events and _torn(events[-1]):
+        events = events[:-1]
+    numbers = sorted(e.seq for e in events if isinstance(e, (ToolCall, LlmRequest)))
+    cut = next((n for n, seq in enumerate(numbers, start=1) if seq != n), None)
+    if cut is None:
+        return events
+    dropped = {e.id for e in events if isinstance(e, (ToolCall, LlmRequest)) and e.seq >= cut}
+    kept = [e for e in events if e.id not in dropped and e.parent_id not in dropped]
+    head["incomplete_reason"] = (
+        f"{NO_TRAILER_REASON}; call-{cut} is not, so the {len(dropped)} call(s) after it are left "
+        "out too"
+    )
+    return kept
 
 
 def _file_chunks(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[bytes]:
@@ -837,6 +941,97 @@ def _dump_pieces(trace: Trace) -> Iterator[bytes]:
     lines_hash.update(b"".join(payload_map))
     end = {"end": FORMAT_NAME, "events": len(trace.events), "lines_sha256": lines_hash.hexdigest()}
     yield orjson.dumps(end) + b"\n"
+
+
+def _event_lines(event: Event) -> tuple[bytes, bytes | None, bytes]:
+    """One event as its line, its payload line (None: no payload) and its payload-map byte."""
+    if isinstance(event, (ToolCall, LlmRequest)):
+        line = _dump_event(event, exclude_none=True, exclude=_NO_INPUT) + b"\n"
+        if event.input is None:
+            return line, None, b"-"
+        return line, b"".join([_P_IN, _payload_bytes(event.input, event.id), b"}\n"]), b"i"
+    line = _dump_event(event, exclude_none=True, exclude=_NO_OUTPUT) + b"\n"
+    if event.output is None:
+        return line, None, b"-"
+    text = event.output
+    return line, b"".join([_P_OUT, _payload_bytes(text, event.id), b"}\n"]), b"o"
+
+
+_dump_event = EVENT_ADAPTER.dump_json  # in Rust, in declared field order (type and id first)
+_NO_INPUT, _NO_OUTPUT = {"input"}, {"output"}
+#: Why a bundle written as its run went, and never closed by its trailer, is incomplete.
+NO_TRAILER_REASON = (
+    "the recording stopped before the run ended (the bundle has no trailer): calls that had "
+    "not ended, or had ended within the flush interval, are not in it"
+)
+
+
+class BundleEncoder:
+    """The bytes of a bundle written as its run goes (format 3; see ``docs/bundle-format.md``):
+    :meth:`head` first, then :meth:`events` as calls end (any order, each outcome after its
+    call), then :meth:`trailer` once the run has ended -- what only the end knows (the run's
+    output and status, ``complete``, the spans kept as context, the event count and the lines
+    fingerprint). Pure bytes: the caller writes them. Holds one byte per event (the payload map
+    the lines fingerprint covers) and nothing else of them."""
+
+    def __init__(self, trace: Trace) -> None:
+        """``trace``: the header as known when the run starts (its events are ignored)."""
+        self._start = trace
+        self._hash = hashlib.sha256()
+        self._map = bytearray()
+        self.count = 0
+        self._run_map = b"-"
+
+    def head(self) -> bytes:
+        head = self._start.model_dump(mode="json", exclude={"events", "context"}, exclude_none=True)
+        head["complete"] = False  # until the trailer says otherwise
+        head["incomplete_reason"] = NO_TRAILER_REASON
+        run = head.get("run", {})
+        run_input = run.pop("input", None)
+        run.pop("output", None)
+        line = orjson.dumps(head) + b"\n"
+        self._hash.update(line)
+        if run_input is None:
+            return line
+        self._run_map = b"i"
+        return line + b"".join([_P_IN, _payload_bytes(run_input, "run input"), b"}\n"])
+
+    def events(self, events: Iterable[Event]) -> bytes:
+        pieces: list[bytes] = []
+        for event in events:
+            line, payload, slot = _event_lines(event)
+            self._hash.update(line)
+            self._map += slot
+            self.count += 1
+            pieces.append(line)
+            if payload is not None:
+                pieces.append(payload)
+        return b"".join(pieces)
+
+    def trailer(self, final: Trace) -> bytes:
+        """``final``: the header as known at the end (``run``, ``complete``,
+        ``incomplete_reason``, ``dropped_spans``, ``context``; its events are ignored)."""
+        summary = final.model_dump(
+            mode="json",
+            include={"complete", "incomplete_reason", "dropped_spans", "context", "run"},
+            exclude_none=True,
+        )
+        summary.setdefault("incomplete_reason", None)  # (clears the header's)
+        run = summary.get("run", {})
+        run.pop("input", None)
+        output = run.pop("output", None)
+        line = orjson.dumps({"run": run, **{k: v for k, v in summary.items() if k != "run"}})
+        line += b"\n"
+        self._hash.update(line)
+        pieces = [line]
+        out_map = b"-"
+        if output is not None:
+            out_map = b"o"
+            pieces.append(b"".join([_P_OUT, _payload_bytes(output, "run output"), b"}\n"]))
+        self._hash.update(self._run_map + out_map + bytes(self._map).translate(_PAYLOAD_MAP))
+        end = {"end": FORMAT_NAME, "events": self.count, "lines_sha256": self._hash.hexdigest()}
+        pieces.append(orjson.dumps(end) + b"\n")
+        return b"".join(pieces)
 
 
 def _batches(pieces: Iterable[bytes], compress: bool) -> Iterator[bytes]:

@@ -152,6 +152,12 @@ def _plainly_consistent(events: list[Event]) -> bool:
     return True
 
 
+def plainly_consistent(events: list[Event]) -> bool:
+    """:func:`_plainly_consistent`, for the reader (events in the order the conversion gives them
+    need no reordering)."""
+    return _plainly_consistent(events)
+
+
 def missing_payloads(trace: Trace) -> list[Problem]:
     """Calls that replay cannot serve: no outcome recorded, or a payload left off the span."""
     problems: list[Problem] = []

@@ -306,27 +306,32 @@ def _order_calls(calls: list[SpanRecord], enclosing: dict[str, str | None]) -> l
     return ordered
 
 
-def _timeline(
-    ordered: list[SpanRecord],
-    enclosing: dict[str, str | None],
-    calls: dict[str, Event],
-    outcomes: dict[str, Event],
+def timeline(
+    ordered: list[str],
+    enclosing: Mapping[str, str | None],
+    starts: Mapping[str, int],
+    ends: Mapping[str, int],
+    calls: Mapping[str, Event],
+    outcomes: Mapping[str, Event],
 ) -> list[Event]:
-    """Merge calls (in ``ordered`` order) with their outcomes (see the module docstring)."""
-    n_of = {s.span_id: n for n, s in enumerate(ordered, start=1)}
+    """Merge calls (in ``ordered`` order, keyed by any id) with their outcomes (see the module
+    docstring). ``ends``: when each call ended (0: never). The conversion keys by span id; the
+    loader of a bundle written as its run went (events in the order calls ended) keys by call
+    id, with the times its events carry -- one rule, so both give the same order."""
+    n_of = {c: n for n, c in enumerate(ordered, start=1)}
     # effective end: a call is over once it and everything nested in it are over
-    eff_end = {s.span_id: max(s.start_time_unix_nano, s.end_time_unix_nano or 0) for s in ordered}
+    eff_end = {c: max(starts[c], ends[c]) for c in ordered}
     remaining = dict.fromkeys(n_of, 0)  # nested calls not yet placed
-    for span in reversed(ordered):
-        parent = enclosing[span.span_id]
+    for c in reversed(ordered):
+        parent = enclosing[c]
         if parent is not None:
-            eff_end[parent] = max(eff_end[parent], eff_end[span.span_id])
-            remaining[parent] += remaining[span.span_id] + 1
+            eff_end[parent] = max(eff_end[parent], eff_end[c])
+            remaining[parent] += remaining[c] + 1
     events: list[Event] = []
     pending: list[str] = []
 
     def flush(limit: int | None) -> None:
-        while True:
+        while pending:
             ready = [
                 c for c in pending if remaining[c] == 0 and (limit is None or eff_end[c] <= limit)
             ]
@@ -336,17 +341,83 @@ def _timeline(
             pending.remove(best)
             events.append(outcomes[best])
 
-    for span in ordered:
-        flush(span.start_time_unix_nano)
-        events.append(calls[span.span_id])
-        parent = enclosing[span.span_id]
+    for c in ordered:
+        flush(starts[c])
+        events.append(calls[c])
+        parent = enclosing[c]
         while parent is not None:
             remaining[parent] -= 1
             parent = enclosing[parent]
-        if span.span_id in outcomes:
-            pending.append(span.span_id)
+        if c in outcomes:
+            pending.append(c)
     flush(None)
     return events
+
+
+def order_events(events: list[Event]) -> list[Event] | None:
+    """The events of a bundle in the order the conversion gives them: calls by number, each
+    outcome placed by :func:`timeline`. For bundles written as their run went (format 3: a call
+    and its outcome are written when the call ends, so a nested call comes before the call it is
+    nested in). None: the events are not what that needs (an outcome without ``parent_id``, a
+    duplicate id or number, an outcome of no call) -- the structure check says what is wrong."""
+    calls: dict[str, Event] = {}
+    outcomes: dict[str, Event] = {}
+    for event in events:
+        if isinstance(event, (ToolCall, LlmRequest)):
+            if event.id in calls:
+                return None
+            calls[event.id] = event
+        elif event.parent_id is None or event.parent_id in outcomes:
+            return None
+        else:
+            outcomes[event.parent_id] = event
+    if not outcomes.keys() <= calls.keys():
+        return None
+    ordered = sorted(calls, key=lambda c: calls[c].seq)
+    if len({calls[c].seq for c in ordered}) != len(ordered):
+        return None
+    enclosing: dict[str, str | None] = {}
+    for c in ordered:
+        parent = calls[c].parent_id
+        enclosing[c] = parent if parent in calls and calls[parent].seq < calls[c].seq else None
+        if parent is not None and enclosing[c] is None:
+            return None  # (a parent that is not an earlier call)
+    starts = {c: calls[c].time_unix_nano for c in ordered}
+    ends = {c: outcomes[c].time_unix_nano if c in outcomes else 0 for c in ordered}
+    return timeline(ordered, enclosing, starts, ends, calls, outcomes)
+
+
+def span_events(
+    span: SpanRecord, call_id: str, n: int, parent_call_id: str | None
+) -> tuple[Event, Event | None]:
+    """The per-span step of the conversion: the call event of one boundary span (numbered ``n``,
+    nested in ``parent_call_id``) and its outcome (None: the span recorded none). Both the whole
+    conversion below and the processor, which writes each call as it ends, use it."""
+    call, base, name = _call_event(span, call_id, n, parent_call_id)
+    return call, _outcome(span, call_id, base, name)
+
+
+def context_span(span: SpanRecord, redactor: Redactor) -> ContextSpan:
+    """An application span kept as context (its name redacted: span names may embed
+    credentials)."""
+    return ContextSpan(
+        span_id=span.span_id,
+        parent_span_id=span.parent_span_id,
+        name=redactor.redact_text(span.name),
+        kind=span.kind,
+        start_time_unix_nano=span.start_time_unix_nano,
+        end_time_unix_nano=span.end_time_unix_nano or 0,
+        status=span.status if span.status in ("unset", "ok", "error") else "unset",  # type: ignore[arg-type]
+    )
+
+
+def run_info(run: SpanRecord | None, replay_mode: str | None) -> RunInfo:
+    """The run's part of a bundle, from its span (None: a bundle of calls outside runs)."""
+    return _run_info(run, replay_mode)
+
+
+def replay_mode_of(span: SpanRecord) -> str | None:
+    return _str(span.attributes, k.REPLAY_MODE) or None
 
 
 # --- the conversion ------------------------------------------------------------------------------
@@ -422,23 +493,21 @@ def spans_to_trace(
     for n, span in enumerate(ordered, start=1):
         call_id = call_ids[span.span_id]
         parent = enclosing[span.span_id]
-        call, base, name = _call_event(span, call_id, n, call_ids[parent] if parent else None)
+        call, outcome = span_events(span, call_id, n, call_ids[parent] if parent else None)
         calls[span.span_id] = call
-        outcome = _outcome(span, call_id, base, name)
         if outcome is not None:
             outcomes[span.span_id] = outcome
-        replay_mode = replay_mode or (_str(span.attributes, k.REPLAY_MODE) or None)
-    events = _timeline(ordered, enclosing, calls, outcomes)
+        replay_mode = replay_mode or replay_mode_of(span)
+    events = timeline(
+        [s.span_id for s in ordered],
+        enclosing,
+        {s.span_id: s.start_time_unix_nano for s in ordered},
+        {s.span_id: s.end_time_unix_nano or 0 for s in ordered},
+        calls,
+        outcomes,
+    )
     context = [
-        ContextSpan(
-            span_id=s.span_id,
-            parent_span_id=s.parent_span_id,
-            name=redactor.redact_text(s.name),  # your span names may embed credentials
-            kind=s.kind,
-            start_time_unix_nano=s.start_time_unix_nano,
-            end_time_unix_nano=s.end_time_unix_nano or 0,
-            status=s.status if s.status in ("unset", "ok", "error") else "unset",  # type: ignore[arg-type]
-        )
+        context_span(s, redactor)
         for s in sorted(by_id.values(), key=_call_order)
         if not is_stepfork_span(s)
     ]
