@@ -220,6 +220,7 @@ class _Reader:
         self.events: list[Event] = []
         self.end: Any = None
         self.trailer: dict[str, Any] | None = None  # (format 3)
+        self.as_it_went = False  # see may_end_early
         self.lineno = 1  # the number of the first line not yet consumed
         self.start: bytes | None = b""  # the file's first bytes, until sniff() has decided
         self.format_named = False  # a long first line was seen to name the format
@@ -293,8 +294,8 @@ class _Reader:
         lines = [] if held is None else [held]
         if partial:  # a missing final newline is tolerated; the end line tells truncation
             line = b"".join([*partial, b"\n"])
-            if not (self.may_end_early() and not line.startswith(_END)):
-                lines.append(line)  # (else: the line a kill cut short, left out)
+            if not self.may_end_early():  # (written as it went: a line a kill cut short)
+                lines.append(line)
         self.feed(lines, at_eof=True)
         return self.finish()
 
@@ -393,7 +394,7 @@ class _Reader:
         tail: list[bytes] = []
         if self.trailer is not None:
             tail, lines = lines, []
-        elif self.version >= 3:  # the trailer, then the run's output line, then the end line
+        elif self.as_it_went:  # the trailer, then the run's output line, then the end line
             for n in range(max(0, len(lines) - 2), len(lines)):
                 if lines[n].startswith(_RUN):
                     tail = lines[n:]
@@ -414,10 +415,10 @@ class _Reader:
         return version if isinstance(version, int) and not isinstance(version, bool) else 1
 
     def may_end_early(self) -> bool:
-        """A bundle written as its run went says it is incomplete until its trailer: it may end
-        anywhere (the process was killed), and loads as what it holds."""
-        head = self.head
-        return head is not None and self.version >= 3 and head.get("complete") is False
+        """A bundle written as its run went says it is incomplete until its trailer (its header
+        says ``complete: false``): it may end anywhere (the process was killed), and loads as
+        what it holds."""
+        return self.as_it_went
 
     def read_tail(self, tail: list[bytes]) -> None:
         """The trailer (format 3): what only the run's end knew, then the run's output line."""
@@ -470,6 +471,11 @@ class _Reader:
         run = head.get("run")
         if isinstance(run, dict) and ("input" in run or "output" in run):
             raise self.error("the run's input/output belong on their own lines", 1)
+        self.as_it_went = head.pop("trailer", None) is True
+        if self.as_it_went and not (
+            isinstance(version, int) and version >= 3 and head.get("complete") is False
+        ):
+            raise self.error('"trailer": true needs format 3 and "complete": false', 1)
         self.head = head
         self.lines_hash.update(line)
 
@@ -672,7 +678,7 @@ class _Reader:
             trace = TRACE_ADAPTER.validate_json(orjson.dumps({**head, "events": []}), strict=True)
         except ValidationError as exc:
             raise self.error(_describe_validation_error(exc), 1) from None
-        if self.version >= 3 and not plainly_consistent(self.events):
+        if self.as_it_went and not plainly_consistent(self.events):
             # written as the run went: a call's events come when it ends (nested calls first)
             ordered = order_events(self.events)
             if ordered is not None:
@@ -966,6 +972,13 @@ NO_TRAILER_REASON = (
 )
 
 
+#: What a bundle's header holds (format 3): what is known when the run starts.
+_HEAD_FIELDS = frozenset(("format", "format_version", "trace_id", "created_by"))
+_RUN_START = frozenset(
+    ("name", "span_id", "entrypoint", "input_sha256", "input_missing", "start_time_unix_nano")
+)
+
+
 class BundleEncoder:
     """The bytes of a bundle written as its run goes (format 3; see ``docs/bundle-format.md``):
     :meth:`head` first, then :meth:`events` as calls end (any order, each outcome after its
@@ -983,12 +996,13 @@ class BundleEncoder:
         self._run_map = b"-"
 
     def head(self) -> bytes:
-        head = self._start.model_dump(mode="json", exclude={"events", "context"}, exclude_none=True)
+        start = self._start
+        head = start.model_dump(mode="json", include=_HEAD_FIELDS, exclude_none=True)
         head["complete"] = False  # until the trailer says otherwise
         head["incomplete_reason"] = NO_TRAILER_REASON
-        run = head.get("run", {})
-        run_input = run.pop("input", None)
-        run.pop("output", None)
+        head["trailer"] = True
+        head["run"] = start.run.model_dump(mode="json", include=_RUN_START, exclude_none=True)
+        run_input = start.run.input
         line = orjson.dumps(head) + b"\n"
         self._hash.update(line)
         if run_input is None:
@@ -1028,7 +1042,7 @@ class BundleEncoder:
         if output is not None:
             out_map = b"o"
             pieces.append(b"".join([_P_OUT, _payload_bytes(output, "run output"), b"}\n"]))
-        self._hash.update(self._run_map + out_map + bytes(self._map).translate(_PAYLOAD_MAP))
+        self._hash.update(self._run_map + out_map + self._map)
         end = {"end": FORMAT_NAME, "events": self.count, "lines_sha256": self._hash.hexdigest()}
         pieces.append(orjson.dumps(end) + b"\n")
         return b"".join(pieces)
