@@ -18,6 +18,8 @@ from cli_support import ENTRYPOINT, ROOT, Bundles, bundles
 
 from stepfork_otel.cli import main
 from stepfork_otel.constants import FORMAT_VERSION
+from stepfork_otel.trace.bundle import dump_trace
+from stepfork_otel.trace.models import Trace
 
 __all__ = ["bundles"]
 
@@ -125,7 +127,9 @@ def _write_inputs(d: Path, bundles: Bundles) -> None:
     (d / "empty.sftrace").write_text("")
     (d / "notes.txt").write_text("not a bundle\n")
     (d / "other.json").write_text('{"a": 1}\n')
-    (d / "truncated.sftrace").write_text(text[: len(text) // 2])
+    # (cut in one piece: a bundle written as its run went loads as far as it goes)
+    whole = dump_trace(Trace.load(bundles.failure)).decode()
+    (d / "truncated.sftrace").write_text(whole[: len(whole) // 2])
     newer = text.replace(f'"format_version":{FORMAT_VERSION}', '"format_version":99')
     assert newer != text
     (d / "newer.sftrace").write_text(newer)

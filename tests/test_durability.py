@@ -1,11 +1,13 @@
-"""Crash-durable recording (issue 13, item 1): real processes killed at random points.
+"""Crash-durable recording (issue 13, items 1 and 2): real processes killed at random points.
 
 Each child records one run of many tool calls and prints the index of every call that returned.
 It is killed -- ``SIGKILL`` mostly, ``SIGTERM`` sometimes -- at a random moment: while starting,
-mid-run, while writing the bundle, after it. Whatever the moment, what is left on disk must load,
-say ``complete: false`` unless the run ended, hold every call the child saw return, and replay up
-to there; the next start in that directory turns a leftover journal into the bundle and deletes
-half-written temporary files.
+mid-run, while closing the bundle, after it. The bundle is written as the run goes (format 3: a
+call's events are appended when it ends, buffered and flushed within ``flush_interval``), so
+whatever the moment, the file at the bundle's path must load, say ``complete: false`` unless the
+run ended, hold every call that returned more than the flush interval before the kill (with
+``flush_interval=0``: every call the child saw return), and replay up to there. Nothing else is
+left in the directory (no journal, no temporary file).
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ from cli_support import ROOT
 from stepfork_otel import ReplaySession, trace_tool
 from stepfork_otel.otel.writer import journal_path, recover_directory
 from stepfork_otel.trace.bundle import load_trace
-from stepfork_otel.trace.models import Trace
 
 KILLS = 104
 CALLS = 300
+#: Added to the flush interval for what must be on disk: the parent reads a call's line after the
+#: child printed it, and a loaded machine may run the child's flush thread late.
+SLACK = 1.0
 
 CHILD = textwrap.dedent(
     """
@@ -40,28 +44,29 @@ CHILD = textwrap.dedent(
     from stepfork_otel import configure, record, trace_tool
 
     out, seed, own_handler = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+    flush, calls, pause = float(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
     if own_handler:
         def stop(signum, frame):
             print("own handler", flush=True)
             sys.exit(3)
         signal.signal(signal.SIGTERM, stop)
-    configure(directory=out.parent)
+    configure(directory=out.parent, flush_interval=flush)
     rng = random.Random(seed)
 
     @trace_tool
     def step(i: int) -> dict:
-        time.sleep(0.0005 if rng.random() < 0.9 else 0.003)
+        time.sleep(pause if rng.random() < 0.9 else 6 * pause)
         return {"i": i, "pad": "x" * rng.randrange(10, 3000)}
 
-    with record(out, input={"calls": CALLS}, name="durable") as run:
+    with record(out, input={"calls": calls}, name="durable") as run:
         print("started", signal.getsignal(signal.SIGTERM) is stop if own_handler else "", flush=True)
-        for i in range(CALLS):
+        for i in range(calls):
             step(i)
             print(i, flush=True)
         run.set_output("done")
     print("ended", flush=True)
     """
-).replace("CALLS", str(CALLS))
+)
 
 
 @trace_tool
@@ -75,15 +80,29 @@ class Killed:
     signum: int
     returned: int
     """Calls the child saw return before the kill."""
+    durable: int
+    """Calls read as returned more than ``flush + SLACK`` before the kill: they must be on disk."""
+    flush: float
     ended: bool
     lines: list[str]
     code: int
 
 
-def _run_and_kill(script: Path, directory: Path, seed: int, own_handler: bool = False) -> Killed:
+def _run_and_kill(
+    script: Path,
+    directory: Path,
+    seed: int,
+    own_handler: bool = False,
+    *,
+    flush: float = 0.0,
+    calls: int = CALLS,
+    pause: float = 0.0005,
+    at: float | None = None,
+) -> Killed:
     """Start a child and kill it: before it printed anything (1 in 20), after its run ended
     (1 in 20), or -- mostly -- right after it reported call ``k`` returned, ``k`` at random (the
-    child keeps calling while the signal is sent, so the kill lands anywhere after ``k``)."""
+    child keeps calling while the signal is sent, so the kill lands anywhere after ``k``). ``at``:
+    instead, kill it that many seconds after it started its run."""
     rng = random.Random(seed)
     directory.mkdir()
     child = subprocess.Popen(
@@ -93,6 +112,9 @@ def _run_and_kill(script: Path, directory: Path, seed: int, own_handler: bool = 
             str(directory / "run.sftrace"),
             str(seed),
             str(int(own_handler)),
+            str(flush),
+            str(calls),
+            str(pause),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -102,25 +124,34 @@ def _run_and_kill(script: Path, directory: Path, seed: int, own_handler: bool = 
     assert child.stdout is not None
     signum = signal.SIGTERM if own_handler or rng.random() < 0.2 else signal.SIGKILL
     moment = rng.random()
-    seen: list[str] = []
-    if moment >= 0.05:
-        wanted = "ended" if moment >= 0.95 else str(rng.randrange(CALLS))
+    seen: list[tuple[str, float]] = []
+    deadline = float("inf")
+    if at is not None or moment >= 0.05:
+        wanted = "ended" if moment >= 0.95 else str(rng.randrange(calls))
         for line in child.stdout:
-            seen.append(line.strip())
-            if seen[-1] == wanted:
+            seen.append((line.strip(), time.monotonic()))
+            if at is not None and seen[-1][0] == "started":
+                deadline = time.monotonic() + at
+            if at is not None and len(seen) > 1 and time.monotonic() >= deadline:
+                break
+            if at is None and seen[-1][0] == wanted:
                 break
         time.sleep(rng.uniform(0, 0.005))
+    killed_at = time.monotonic()
     child.send_signal(signum)
     rest, _ = child.communicate(timeout=60)
-    lines = [*seen, *rest.splitlines()]
+    lines = [*(line for line, _ in seen), *rest.splitlines()]
     returned = sum(1 for line in lines if line.isdigit())
-    return Killed(directory, signum, returned, "ended" in lines, lines, child.returncode)
+    durable = sum(1 for line, t in seen if line.isdigit() and t < killed_at - flush - SLACK)
+    return Killed(
+        directory, signum, returned, durable, flush, "ended" in lines, lines, child.returncode
+    )
 
 
 def _check(killed: Killed) -> str:
-    """What the kill left must load and hold every call that returned; returns where it hit."""
+    """What the kill left must load and hold every call that returned (with a flush interval:
+    that returned more than the interval before the kill); returns where it hit."""
     bundle = killed.directory / "run.sftrace"
-    journal = journal_path(bundle)
     left = sorted(p.name for p in killed.directory.iterdir())
     if killed.ended:
         assert load_trace(bundle).complete
@@ -128,24 +159,19 @@ def _check(killed: Killed) -> str:
     if not left:
         assert killed.returned == 0  # killed before the run began
         return "before the run"
-    seen: Trace | None = None
-    if journal.exists():  # the file loads as it is, before any recovery
-        seen = load_trace(journal)
-        assert not seen.complete
-    recover_directory(killed.directory)  # the next start in this directory
-    left = sorted(p.name for p in killed.directory.iterdir())
-    assert left == ["run.sftrace"], left  # no journal, no temporary file
-    trace = load_trace(bundle)
+    assert left == ["run.sftrace"], left  # no journal, no temporary file: the bundle itself
+    trace = load_trace(bundle)  # loads as it is: no recovery step
+    assert recover_directory(killed.directory) == []  # (nothing to recover)
     finished = [c for c in trace.calls if trace.outcome_of(c) is not None]
-    if trace.complete:  # killed after the bundle was written, before the journal was removed
+    if trace.complete:  # killed after the trailer was written
         assert len(finished) == CALLS
         return "after the run"
     assert trace.incomplete_reason
-    assert len(finished) >= killed.returned, (killed, len(finished))
+    must = killed.returned if killed.flush == 0 else killed.durable
+    assert len(finished) >= must, (killed, len(finished))
     assert len(trace.calls) - len(finished) <= 1  # at most the call under way had no outcome
+    assert [c.seq for c in trace.calls] == list(range(1, len(trace.calls) + 1))
     assert [c.name for c in trace.calls] == ["step"] * len(trace.calls)  # type: ignore[union-attr]
-    if seen is not None:
-        assert len(seen.calls) <= len(trace.calls)
     with ReplaySession.from_trace(trace):  # replays up to there
         for i in range(len(finished)):
             assert step(i)["i"] == i
@@ -153,11 +179,18 @@ def _check(killed: Killed) -> str:
 
 
 def test_runs_killed_at_random_points_leave_bundles_that_load(tmp_path: Path) -> None:
+    """Three kills in four with ``flush_interval=0`` (every call that returned is on disk), one
+    in four with the default interval of 1 s."""
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     with ThreadPoolExecutor(max_workers=4) as pool:
         kills = list(
-            pool.map(lambda n: _run_and_kill(script, tmp_path / f"kill-{n}", seed=n), range(KILLS))
+            pool.map(
+                lambda n: _run_and_kill(
+                    script, tmp_path / f"kill-{n}", seed=n, flush=1.0 if n % 4 == 3 else 0.0
+                ),
+                range(KILLS),
+            )
         )
     where: dict[str, int] = {}
     for killed in kills:
@@ -167,6 +200,28 @@ def test_runs_killed_at_random_points_leave_bundles_that_load(tmp_path: Path) ->
     mid_run = where.get("mid-run", 0) + where.get("mid-run, SIGTERM", 0)
     assert mid_run >= 0.6 * len(kills), where  # most kills land while calls are made
     assert where.get("mid-run, SIGTERM", 0) >= 5, where
+
+
+def test_a_run_killed_late_holds_every_call_older_than_the_flush_interval(tmp_path: Path) -> None:
+    """Long runs with a short flush interval, killed seconds in: what returned more than the
+    interval (plus slack) before the kill is on disk, and -- the buffer being flushed, not held
+    to the end -- that is most of what returned."""
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    for n in range(3):
+        killed = _run_and_kill(
+            script,
+            tmp_path / f"late-{n}",
+            seed=1000 + n,
+            flush=0.2,
+            calls=5000,
+            pause=0.002,
+            at=SLACK + 1.5,
+        )
+        assert killed.durable > 0, killed.lines[:5]
+        assert _check(killed).startswith("mid-run")
+        trace = load_trace(killed.directory / "run.sftrace")
+        assert len(trace.calls) >= killed.durable
 
 
 def test_sigterm_never_replaces_the_programs_own_handler(tmp_path: Path) -> None:
@@ -198,7 +253,7 @@ def test_leftover_temporary_files_of_dead_processes_are_deleted(tmp_path: Path) 
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
 
 
-# --- in process: the journal while a run is recorded -----------------------------------------------
+# --- in process: the bundle while a run is recorded ------------------------------------------------
 
 
 @trace_tool
@@ -206,29 +261,42 @@ def lookup(city: str) -> str:
     return city.upper()
 
 
-def test_the_journal_holds_each_call_as_it_returns_and_goes_when_the_run_ends(
-    recording: Any, tmp_path: Path
-) -> None:
+def test_the_bundle_holds_each_call_as_it_returns(recording: Any, tmp_path: Path) -> None:
     from stepfork_otel import record
 
+    recording.processor.flush_interval = 0  # each call written as it ends
     bundle = tmp_path / "run.sftrace"
     with record(bundle, name="cities"):
         lookup("lisbon")
-        journal = journal_path(bundle)
-        mid = load_trace(journal)  # readable while the run goes on
+        mid = load_trace(bundle)  # readable while the run goes on
         assert not mid.complete
         assert [c.name for c in mid.calls] == ["lookup"]  # type: ignore[union-attr]
         assert mid.outcome_of(mid.calls[0]) is not None
         lookup("porto")
-        assert len(load_trace(journal).calls) == 2
-    assert not journal.exists()
+        assert len(load_trace(bundle).calls) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.sftrace"]
     final = load_trace(bundle)
     assert final.complete
     assert [c.input for c in final.calls] == ['{"city":"lisbon"}', '{"city":"porto"}']  # type: ignore[union-attr]
 
 
+def test_the_background_flush_writes_within_the_interval(recording: Any, tmp_path: Path) -> None:
+    from stepfork_otel import record
+
+    recording.processor.flush_interval = 0.05
+    bundle = tmp_path / "run.sftrace"
+    with record(bundle):
+        lookup("a")
+        waited = 0.0
+        while not load_trace(bundle).calls:  # (no fixed sleep: wait for the flush thread)
+            assert waited < 30, "the background flush never wrote the call"
+            time.sleep(0.01)
+            waited += 0.01
+    assert load_trace(bundle).complete
+
+
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names open files through /proc")
-def test_fsync_policy_and_switching_the_journal_off(
+def test_fsync_policy_and_switching_the_background_flush_off(
     recording: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from stepfork_otel import record
@@ -238,35 +306,68 @@ def test_fsync_policy_and_switching_the_journal_off(
     real_fsync = os.fsync
 
     def fsync(fd: int) -> None:
-        name = os.readlink(f"/proc/self/fd/{fd}")
-        if name.endswith(".journal"):  # (the bundle's own atomic write fsyncs too)
-            synced.append(name)
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
         real_fsync(fd)
 
     monkeypatch.setattr(writer.os, "fsync", fsync)
-    recording.processor.fsync_interval = 0  # every append
+    recording.processor.flush_interval = 0
+    recording.processor.fsync_interval = 0  # every write
     with record(tmp_path / "every.sftrace"):
         lookup("a")
         lookup("b")
-    assert len(synced) >= 4  # two lines per call
+    assert len(synced) >= 4  # the header, each call, the trailer
+    assert {Path(name).name for name in synced} == {"every.sftrace"}
     synced.clear()
     recording.processor.fsync_interval = None  # never
     with record(tmp_path / "never.sftrace"):
         lookup("a")
     assert synced == []
-    recording.processor.journal = False
+    recording.processor.journal = False  # no background flush: written when the run ends
+    recording.processor.flush_interval = 1.0
     with record(tmp_path / "off.sftrace"):
         lookup("a")
-        assert not journal_path(tmp_path / "off.sftrace").exists()
-    assert load_trace(tmp_path / "off.sftrace").complete
+        assert load_trace(tmp_path / "off.sftrace").calls == []
+    assert len(load_trace(tmp_path / "off.sftrace").calls) == 1
 
 
-def test_a_journal_of_a_live_process_is_left_alone(recording: Any, tmp_path: Path) -> None:
-    from stepfork_otel import record
+def test_a_journal_left_by_an_earlier_version_is_recovered(tmp_path: Path) -> None:
+    from stepfork_otel.trace.conversion import SpanRecord
+    from stepfork_otel.trace.journal import journal_header, journal_line
 
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     bundle = tmp_path / "run.sftrace"
-    with record(bundle):
-        lookup("a")
-        assert recover_directory(tmp_path) == []  # (this process is alive)
-        assert journal_path(bundle).exists()
-        assert not bundle.exists()
+    run = SpanRecord(
+        "ab" * 16,
+        "01" * 8,
+        None,
+        "invoke_agent old",
+        start_time_unix_nano=1,
+        attributes={"stepfork.kind": "run"},
+    )
+    call = SpanRecord(
+        "ab" * 16,
+        "02" * 8,
+        "01" * 8,
+        "execute_tool lookup",
+        start_time_unix_nano=2,
+        end_time_unix_nano=3,
+        status="ok",
+        attributes={
+            "stepfork.kind": "tool",
+            "gen_ai.tool.name": "lookup",
+            "stepfork.status": "ok",
+            "stepfork.output": '"A"',
+        },
+    )
+    journal_path(bundle).write_bytes(
+        journal_header(bundle.name, "ab" * 16, "01" * 8, int(dead.stdout))
+        + journal_line(run)
+        + journal_line(call)
+    )
+    assert recover_directory(tmp_path) == [bundle]
+    trace = load_trace(bundle)
+    assert not trace.complete
+    assert [c.name for c in trace.calls] == ["lookup"]  # type: ignore[union-attr]
+    assert not journal_path(bundle).exists()

@@ -268,16 +268,18 @@ def test_processor_on_end(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    monkeypatch.setattr(processor_module, "spans_to_trace", explode)
+    monkeypatch.setattr(processor_module, "span_events", explode)
     with record(tmp_path / "e.sftrace") as run:
         assert tool(3) == 6
         run.set_output(6)
-    assert run.path is None
     assert internal_errors(logged) == [
-        f"stepfork_otel internal error while writing the bundle {tmp_path / 'e.sftrace'}; "
-        "the program continues"
+        f"stepfork_otel internal error while writing a call to the bundle "
+        f"{tmp_path / 'e.sftrace'}; the program continues"
     ]
     assert recording.processor.stats.write_errors == 1
+    trace = Trace.load(tmp_path / "e.sftrace")  # the bundle says what it lacks
+    assert trace.complete is False
+    assert trace.incomplete_reason == "1 span(s) could not be written (internal error, logged)"
 
 
 def test_processor_on_end_buffering(
@@ -305,7 +307,7 @@ def test_processor_force_flush(
     @trace_tool
     def flushing() -> str:
         with monkeypatch.context() as m:
-            m.setattr(writer_module, "save_trace", explode)
+            m.setattr(writer_module.BundleAppender, "_drain", explode)
             flushed.append(recording.processor.force_flush())
         return "flushed"
 
@@ -313,7 +315,7 @@ def test_processor_force_flush(
         assert flushing() == "flushed"
     assert flushed == [True]
     assert internal_errors(logged) == [
-        f"stepfork_otel internal error while writing the bundle {tmp_path / 'f.sftrace'}; "
+        f"stepfork_otel internal error while flushing the bundle {tmp_path / 'f.sftrace'}; "
         "the program continues"
     ]
     assert Trace.load(tmp_path / "f.sftrace").complete  # the final bundle was still written

@@ -72,14 +72,17 @@ def test_same_program_same_events_and_ids(recording: Recording, tmp_path: Path) 
     assert verify_integrity(first) == []
 
 
-def test_bundle_is_written_atomically_when_the_run_ends(
+def test_the_bundle_is_written_as_the_run_goes_and_closed_when_it_ends(
     recording: Recording, tmp_path: Path
 ) -> None:
     path = tmp_path / "out" / "run.sftrace"
     with record(path):
         lookup("x")
-        assert not path.exists()  # nothing before the run ends
-    assert path.exists()
+        recording.provider.force_flush()
+        mid = Trace.load(path)  # a bundle from the start, incomplete until the run ends
+        assert mid.complete is False
+        assert [c.input for c in mid.calls] == ['{"key":"x","limit":2}']
+    assert Trace.load(path).complete
     assert [p.name for p in path.parent.iterdir()] == ["run.sftrace"]  # no temporary left over
     assert recording.processor.stats.bundles_written == 1
     assert HANDOFF.pending == 0  # every handed-over payload was collected
@@ -182,18 +185,40 @@ def test_force_flush_writes_an_incomplete_snapshot_then_the_whole_run(
     with record(path, input={"q": "flush"}):
         lookup("before")
         slow(1, "n" * 200)
-    snapshot = snapshots[0]
+    snapshot = snapshots[0]  # the bundle as written so far: a call is written when it ends
     assert snapshot.complete is False
-    assert snapshot.incomplete_reason == "the run had not finished when the bundle was flushed"
-    assert [e.type for e in snapshot.events] == ["tool_call", "tool_result", "tool_call"]
-    open_call = snapshot.calls[1]
-    assert snapshot.outcome_of(open_call) is None  # the call still running has no outcome
-    assert open_call.input == '{"note":"' + "n" * 200 + '","step":1}'  # whole, from the hand-off
+    assert (snapshot.incomplete_reason or "").startswith("the recording stopped before the run")
+    assert [e.type for e in snapshot.events] == ["tool_call", "tool_result"]
     assert snapshot.run.input == '{"q":"flush"}'
     assert validate_structure(snapshot) == []
     final = Trace.load(path)
     assert final.complete is True
     assert [e.type for e in final.events] == ["tool_call", "tool_result"] * 2
+    assert final.calls[1].input == '{"note":"' + "n" * 200 + '","step":1}'  # whole: the hand-off
+
+
+def test_force_flush_snapshots_calls_outside_runs_with_their_open_calls(
+    recording: Recording, tmp_path: Path
+) -> None:
+    processor = configure(directory=tmp_path / "dir", tracer_provider=recording.provider)
+    tracer = recording.provider.get_tracer("app")
+    snapshots: list[Trace] = []
+
+    @trace_tool
+    def slow(step: int) -> str:
+        assert recording.provider.force_flush()
+        (written,) = (tmp_path / "dir").iterdir()
+        snapshots.append(Trace.load(written))
+        return "done"
+
+    with tracer.start_as_current_span("request"):
+        lookup("before")
+        slow(1)
+    (snapshot,) = snapshots
+    assert snapshot.incomplete_reason == "the run had not finished when the bundle was flushed"
+    assert [e.type for e in snapshot.events] == ["tool_call", "tool_result", "tool_call"]
+    assert snapshot.outcome_of(snapshot.calls[1]) is None  # the call still running
+    assert processor.stats.bundles_written == 2
 
 
 def test_shutdown_with_an_open_run_leaves_an_incomplete_bundle(
@@ -229,14 +254,22 @@ def test_per_trace_cap_drops_with_a_warning_and_says_so(
     processor = configure(
         directory=tmp_path / "capped", tracer_provider=recording.provider, max_spans_per_trace=3
     )
-    with caplog.at_level("WARNING", logger="stepfork_otel"), record(tmp_path / "c.sftrace"):
+    with record(tmp_path / "long.sftrace"):  # a run holds what is open: the cap is not met
         for i in range(5):
             lookup(str(i))
+    assert Trace.load(tmp_path / "long.sftrace").complete
+
+    @trace_tool
+    def nest(depth: int) -> int:
+        return depth if depth == 0 else nest(depth - 1)
+
+    with caplog.at_level("WARNING", logger="stepfork_otel"), record(tmp_path / "c.sftrace"):
+        nest(4)  # the run and 5 nested calls open at once: 3 more than the cap
     trace = Trace.load(tmp_path / "c.sftrace")
     assert trace.complete is False
     assert trace.dropped_spans == 3
     assert "3 span(s) of this trace were dropped" in (trace.incomplete_reason or "")
-    assert [c.input for c in trace.calls] == ['{"key":"0","limit":2}', '{"key":"1","limit":2}']
+    assert [c.input for c in trace.calls] == ['{"depth":4}', '{"depth":3}']
     assert processor.stats.dropped_spans == 3
     assert caplog.text.count("exceeded 3 buffered spans") == 1
 

@@ -187,7 +187,8 @@ def test_example_bundles_satisfy_the_schema_and_the_models(example_bundles: list
         assert _validate(schema, schema, document, "$") == []
         assert TRACE_ADAPTER.validate_python(document) == trace
         assert trace == Trace.load(path)
-        assert dump_trace(trace) == data  # the models describe every byte of the bundle
+        # the models describe every byte of the bundle (recorded: written as the run went)
+        assert dump_trace(trace, trailer=b'"trailer":true' in data.split(b"\n", 1)[0]) == data
         seen_types |= {e.type for e in trace.events}
     assert seen_types == set(EVENT_TYPES)
 

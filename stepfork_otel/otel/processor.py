@@ -48,6 +48,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import math
 import os
 import signal
 import threading
@@ -199,6 +200,8 @@ class _Live:
     """The application's spans of the run, kept as context (small: no payloads)."""
     replay_mode: tuple[int, str] | None = None
     """(call number, mode) of the first call that said it was replayed."""
+    lost: int = 0
+    """Spans whose events could not be written (an internal error, logged)."""
 
 
 class SftraceSpanProcessor(SpanProcessor):
@@ -281,9 +284,14 @@ class SftraceSpanProcessor(SpanProcessor):
         destination: str | os.PathLike[str] | None,
         *,
         span_id: int | None = None,
+        flush_interval: float | None = None,
+        fsync_interval: float | None = None,
     ) -> Path:
         """Where the bundle of the run ``span_id`` (None: of the trace) goes: a file, or a
-        directory (an existing one, or a path ending in a separator), named by trace id."""
+        directory (an existing one, or a path ending in a separator), named by trace id.
+        ``flush_interval`` / ``fsync_interval``: the run's own (None: the processor's;
+        ``math.inf``: never)."""
+        durability = (flush_interval, fsync_interval)
         directory: Path | None = None
         if destination is not None:
             text = os.fspath(destination)
@@ -294,18 +302,25 @@ class SftraceSpanProcessor(SpanProcessor):
                 with self._lock:
                     self._destinations[(trace_id, span_id)] = path
                 if span_id is not None:
-                    self._open_live(trace_id, span_id, path)
+                    self._open_live(trace_id, span_id, path, *durability)
                 return path
         with self._lock:
             path = self._claim(self._default_path(trace_id, directory), trace_id, span_id)
             self._destinations[(trace_id, span_id)] = path
         if span_id is not None:
-            self._open_live(trace_id, span_id, path)
+            self._open_live(trace_id, span_id, path, *durability)
         return path
 
     # -- runs written as they go -----------------------------------------------------------------
 
-    def _open_live(self, trace_id: int, run_id: int, path: Path) -> None:
+    def _open_live(
+        self,
+        trace_id: int,
+        run_id: int,
+        path: Path,
+        flush_interval: float | None = None,
+        fsync_interval: float | None = None,
+    ) -> None:
         """Start writing the bundle of a run to ``path`` (after recovering what dead processes
         left in that directory, once per directory): its header now, its calls as they end."""
         if self._shutdown:
@@ -330,12 +345,13 @@ class SftraceSpanProcessor(SpanProcessor):
                     run=run_info(record, None),
                 )
                 encoder = BundleEncoder(start)
-                flush = self.flush_interval if self.journal else None
+                flush = self.flush_interval if flush_interval is None else flush_interval
+                fsync = self.fsync_interval if fsync_interval is None else fsync_interval
                 appender = BundleAppender(
                     path,
                     encoder.head(),
-                    flush_interval=flush,
-                    fsync_interval=self.fsync_interval,
+                    flush_interval=flush if self.journal and not math.isinf(flush or 0) else None,
+                    fsync_interval=None if fsync is None or math.isinf(fsync) else fsync,
                 )
                 lives.append(_Live(trace_id, run_id, appender, encoder, scope={run_id: None}))
             _watch_for_exit(self)
@@ -343,7 +359,7 @@ class SftraceSpanProcessor(SpanProcessor):
     def _live_start(self, lives: list[_Live], span: Span, span_id: int) -> None:
         """Number a span that starts in runs written as they go (caller holds the lock)."""
         parent = _local_parent(span)
-        is_call = _kind(span) in k.BOUNDARY_KINDS
+        is_call = (span.attributes or {}).get(k.KIND) in k.BOUNDARY_KINDS
         for live in lives:
             if parent not in live.scope:
                 continue
@@ -385,9 +401,11 @@ class SftraceSpanProcessor(SpanProcessor):
         if not work and not ended_runs:
             return False
         try:
-            record = span_record(span, payloads, copy=False)
+            record: SpanRecord | None = None
             for live, call in work:
+                written = False
                 with handle_internal_errors(f"writing a call to the bundle {live.appender.path}"):
+                    record = record or span_record(span, payloads, copy=False)
                     if call is not None:
                         events = [e for e in span_events(record, *call) if e is not None]
                         if live.replay_mode is None or call[1] < live.replay_mode[0]:
@@ -397,8 +415,13 @@ class SftraceSpanProcessor(SpanProcessor):
                         live.appender.append(live.encoder.events(events))
                     elif record.stepfork_kind is None:
                         live.context.append(context_span(record, self.config.settings.redactor))
+                    written = True
+                if not written:  # (logged above) the bundle must not look whole without it
+                    live.lost += 1
+                    self.stats.write_errors += 1
             for live, still_open in ended_runs:
                 with handle_internal_errors(f"ending the bundle {live.appender.path}"):
+                    record = record or span_record(span, payloads, copy=False)
                     self._close_live(live, record, still_open, dropped=dropped)
         finally:
             for live, _ in work:
@@ -439,6 +462,8 @@ class SftraceSpanProcessor(SpanProcessor):
             reason = f"{len(still_open)} call(s) had not ended when the bundle was written"
         if reason is None and dropped:
             reason = f"{dropped} span(s) of this trace were dropped (per-trace cap)"
+        if reason is None and live.lost:
+            reason = f"{live.lost} span(s) could not be written (internal error, logged)"
         mode = None if live.replay_mode is None else live.replay_mode[1]
         final = Trace(
             trace_id=run.trace_id,

@@ -49,8 +49,11 @@ class RunRecorder:
         name: str = "agent",
         entrypoint: str | None = None,
         keep: bool = False,
+        flush_interval: float | None = None,
+        fsync_interval: float | None = None,
     ) -> None:
         self._destination = destination
+        self._durability = {"flush_interval": flush_interval, "fsync_interval": fsync_interval}
         self._input = input
         self._output: Any = _UNSET
         self.name = name
@@ -134,7 +137,10 @@ class RunRecorder:
         elif processor is not None:
             with handle_internal_errors("registering the bundle destination"):
                 self.path = processor.set_destination(
-                    span_context.trace_id, self._destination, span_id=span_context.span_id
+                    span_context.trace_id,
+                    self._destination,
+                    span_id=span_context.span_id,
+                    **self._durability,
                 )
 
     def __exit__(
@@ -184,6 +190,8 @@ def record(
     name: str = "agent",
     entrypoint: str | None = None,
     keep: bool = False,
+    flush_interval: float | None = None,
+    fsync_interval: float | None = None,
 ) -> RunRecorder:
     """Record one run into a bundle.
 
@@ -191,6 +199,15 @@ def record(
     path ending in a separator -- where the bundle is named after the trace id; None uses the
     directory given to ``configure()``. ``input`` (any JSON-able value) is stored redacted. Works
     with no prior configuration: when no SDK ``TracerProvider`` is set, the embedded default is
-    installed.
+    installed. ``flush_interval`` / ``fsync_interval``: this run's, instead of ``configure()``'s
+    (the bundle is written as the run goes; see ``configure``).
     """
-    return RunRecorder(destination, input=input, name=name, entrypoint=entrypoint, keep=keep)
+    return RunRecorder(
+        destination,
+        input=input,
+        name=name,
+        entrypoint=entrypoint,
+        keep=keep,
+        flush_interval=flush_interval,
+        fsync_interval=fsync_interval,
+    )

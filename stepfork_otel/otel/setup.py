@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import threading
 from collections.abc import Collection
 from pathlib import Path
@@ -105,6 +106,8 @@ def configure(
     max_open_traces: int | None = None,
     max_spans_per_trace: int | None = None,
     redact_all_spans: bool | None = None,
+    flush_interval: float | None = None,
+    fsync_interval: float | None = None,
 ) -> SftraceSpanProcessor:
     """Attach stepfork to OpenTelemetry and set recording options; returns the bundle processor.
 
@@ -117,6 +120,10 @@ def configure(
     *every* span of the provider before any processor exports it -- spans of other
     instrumentations (OpenAI, OpenInference, HTTP clients) included (see
     :mod:`stepfork_otel.otel.redacting`).
+    ``flush_interval`` (default 1 s; 0: as each call ends) bounds how long a finished call may
+    wait in memory before its run's bundle, written as the run goes, has it on disk (what a
+    ``SIGKILL`` can lose); ``fsync_interval`` (default 1 s; 0: every write; ``math.inf``: never)
+    what a power cut can lose on top (see ``docs/guarantees.md``).
     """
     for name, cap in (
         ("max_open_traces", max_open_traces),
@@ -124,6 +131,16 @@ def configure(
     ):
         if cap is not None and cap < 1:
             raise ValueError(f"{name} must be >= 1")
+    for name, interval in (("flush_interval", flush_interval), ("fsync_interval", fsync_interval)):
+        if interval is not None and not interval >= 0:
+            raise ValueError(f"{name} must be >= 0 seconds")
+    if flush_interval is not None and math.isinf(flush_interval):
+        raise ValueError("flush_interval must be finite")
+    durability: dict[str, float | None] = {}
+    if flush_interval is not None:
+        durability["flush_interval"] = flush_interval
+    if fsync_interval is not None:
+        durability["fsync_interval"] = None if math.isinf(fsync_interval) else fsync_interval
     changes: dict[str, object] = {}
     if redactor is not None:
         changes["redactor"] = redactor
@@ -145,6 +162,8 @@ def configure(
                 current.max_open_traces = max_open_traces
             if max_spans_per_trace is not None:
                 current.max_spans_per_trace = max_spans_per_trace
+            for name, value in durability.items():
+                setattr(current, name, value)
             return current
         if current is not None:
             current.shutdown()  # detaches from the hand-off; the provider keeps a no-op
@@ -152,6 +171,7 @@ def configure(
             directory,
             max_open_traces=1000 if max_open_traces is None else max_open_traces,
             max_spans_per_trace=10_000 if max_spans_per_trace is None else max_spans_per_trace,
+            **durability,  # type: ignore[arg-type]
         )
         _attach(tracer_provider, processor)
         _processor = processor

@@ -716,8 +716,8 @@ def _cut_short(events: list[Event], head: dict[str, Any]) -> list[Event]:
     dropped = {e.id for e in events if isinstance(e, (ToolCall, LlmRequest)) and e.seq >= cut}
     kept = [e for e in events if e.id not in dropped and e.parent_id not in dropped]
     head["incomplete_reason"] = (
-        f"{NO_TRAILER_REASON}; call-{cut} is not, so the {len(dropped)} call(s) after it are left "
-        "out too"
+        f"{NO_TRAILER_REASON}; call-{cut} is not in it (it had not ended, or ended within the "
+        f"flush interval), so the {len(dropped)} call(s) numbered after it are left out too"
     )
     return kept
 
@@ -812,6 +812,8 @@ def schema_problems(
                     return []  # not a bundle
                 if json_depth_exceeds(head, limits.max_json_depth):
                     return []  # (read_trace says so)
+                if head.get("trailer") is True:  # (a layout marker, not a field of the run)
+                    line = orjson.dumps({key: v for key, v in head.items() if key != "trailer"})
                 try:
                     TRACE_ADAPTER.validate_json(line)
                 except ValidationError as exc:
@@ -900,14 +902,28 @@ def _read(path: Path, limits: ReadLimits) -> Trace:
     return _parse(itertools.chain([first], chunks), path, limits)
 
 
-def dump_trace(trace: Trace) -> bytes:
+def dump_trace(trace: Trace, *, trailer: bool = False) -> bytes:
     """The bundle bytes: JSON Lines, see the module docstring. The end line carries
     ``lines_sha256``: SHA-256 of the header line and every event line (each with its LF, in
     order), then the payload map -- one byte per payload slot, the run's input and output and
     then each event: ``i`` / ``o`` when a payload line follows, ``-`` when none. Every field
     outside the payloads is in those lines; the payload texts are covered by their own
-    fingerprints, which are in those lines too."""
+    fingerprints, which are in those lines too.
+
+    ``trailer``: the layout of a bundle written as its run goes (format 3: what only the run's
+    end knows in a trailer; see :class:`BundleEncoder`), events in the order given -- the bytes
+    the processor writes for a run whose calls did not overlap."""
+    if trailer:
+        return b"".join(_trailer_pieces(trace))
     return b"".join(_dump_pieces(trace))
+
+
+def _trailer_pieces(trace: Trace) -> Iterator[bytes]:
+    encoder = BundleEncoder(trace)
+    yield encoder.head()
+    for event in trace.events:
+        yield encoder.events((event,))
+    yield encoder.trailer(trace)
 
 
 #: Bytes gathered before one write when a bundle is saved (the bundle is never whole in memory).
@@ -966,17 +982,19 @@ def _event_lines(event: Event) -> tuple[bytes, bytes | None, bytes]:
 _dump_event = EVENT_ADAPTER.dump_json  # in Rust, in declared field order (type and id first)
 _NO_INPUT, _NO_OUTPUT = {"input"}, {"output"}
 #: Why a bundle written as its run went, and never closed by its trailer, is incomplete.
-NO_TRAILER_REASON = (
-    "the recording stopped before the run ended (the bundle has no trailer): calls that had "
-    "not ended, or had ended within the flush interval, are not in it"
-)
+NO_TRAILER_REASON = "the recording stopped before the run ended (the bundle has no trailer)"
 
 
 #: What a bundle's header holds (format 3): what is known when the run starts.
-_HEAD_FIELDS = frozenset(("format", "format_version", "trace_id", "created_by"))
-_RUN_START = frozenset(
-    ("name", "span_id", "entrypoint", "input_sha256", "input_missing", "start_time_unix_nano")
-)
+_HEAD_FIELDS: set[str] = {"format", "format_version", "trace_id", "created_by"}
+_RUN_START: set[str] = {
+    "name",
+    "span_id",
+    "entrypoint",
+    "input_sha256",
+    "input_missing",
+    "start_time_unix_nano",
+}
 
 
 class BundleEncoder:
