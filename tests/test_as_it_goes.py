@@ -1,0 +1,194 @@
+"""A run's bundle written as the run goes (format 3; issue 13, item 2): memory bounded by what is
+open, the run's end one trailer, and a file cut anywhere still a bundle that loads.
+
+The bundle on disk holds each call's events in the order the calls *ended* (a nested call before
+the call it is nested in); loading puts them in the conversion's order, so the loaded trace is
+the one the whole conversion (``spans_to_trace``, which the OTLP importer uses) builds from the
+same spans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stepfork_otel import ReplaySession, configure, record, trace_tool
+from stepfork_otel.constants import FLUSH_BUFFER_BYTES
+from stepfork_otel.otel.processor import span_record
+from stepfork_otel.trace.bundle import dump_trace, load_trace
+from stepfork_otel.trace.checks import validate_structure, verify_integrity
+from stepfork_otel.trace.conversion import spans_to_trace
+from stepfork_otel.trace.models import ToolCall, Trace
+from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
+
+
+@trace_tool
+def leaf(n: int) -> dict[str, Any]:
+    return {"leaf": n, "pad": "p" * 50}
+
+
+@trace_tool
+def branch(n: int) -> int:
+    return leaf(n)["leaf"] + leaf(n + 1)["leaf"]
+
+
+@trace_tool
+async def slow_leaf(n: int, pause: float) -> int:
+    await asyncio.sleep(pause)
+    return n
+
+
+async def _concurrently() -> list[int]:
+    # started 1, 2, 3; ended 3, 2, 1: the file has them in the opposite order to the numbers
+    return list(await asyncio.gather(slow_leaf(1, 0.03), slow_leaf(2, 0.02), slow_leaf(3, 0.0)))
+
+
+def _agent() -> None:
+    leaf(0)
+    branch(10)
+    asyncio.run(_concurrently())
+    branch(20)
+
+
+def test_nested_and_concurrent_calls_load_as_the_whole_conversion_orders_them(
+    recording: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / "run.sftrace"
+    with record(path, input={"q": 1}, name="mixed") as run:
+        _agent()
+        run.set_output("done")
+    on_disk = [line for line in path.read_bytes().splitlines() if line.startswith(b'{"type":')]
+    ids = [line.split(b'"id":"')[1].split(b'"')[0].decode() for line in on_disk]
+    assert ids.index("call-3") < ids.index("call-2")  # written as they ended: nested first
+    assert ids.index("call-7") < ids.index("call-5")  # concurrent: the last started ended first
+    loaded = load_trace(path)
+    spans = [span_record(s) for s in recording.exporter.get_finished_spans()]
+    whole = spans_to_trace(spans, redactor=DEFAULT_REDACTOR)
+    assert loaded.events == whole.events  # the same calls, numbers, nesting and order
+    assert loaded.run == whole.run
+    assert loaded.context == whole.context
+    assert loaded.complete
+    assert whole.complete
+    assert verify_integrity(loaded) == []
+    assert validate_structure(loaded) == []
+    with ReplaySession.from_trace(path) as replay:
+        _agent()
+    replay.verify_complete()
+
+
+def test_a_bundle_cut_at_any_byte_loads_as_far_as_it_goes(recording: Any, tmp_path: Path) -> None:
+    """What a kill leaves, at every possible point: the file loads, says it is incomplete, holds
+    calls numbered 1..k without a hole, each with its outcome but perhaps the last, and replays
+    up to there."""
+    path = tmp_path / "run.sftrace"
+    with record(path, input={"q": 1}) as run:
+        for n in range(4):
+            branch(n)
+        run.set_output("done")
+    data = path.read_bytes()
+    whole = load_trace(path)
+    head_end = data.index(b"\n") + 1
+    cut = tmp_path / "cut.sftrace"
+    seen: set[int] = set()
+    for size in range(head_end, len(data)):
+        cut.write_bytes(data[:size])
+        trace = load_trace(cut)
+        assert trace.complete is False, size
+        numbers = [c.seq for c in trace.calls]
+        assert numbers == list(range(1, len(numbers) + 1)), size
+        without = [c for c in trace.calls if trace.outcome_of(c) is None]
+        assert len(without) <= 1, size
+        assert [e.id for e in trace.events] == [e.id for e in whole.events][
+            : len(trace.events)
+        ] or (without), size
+        seen.add(len(trace.calls))
+    # a branch is written after its two leaves: cut before it, its leaves go too (a hole at its
+    # number), so the calls come in threes
+    assert seen == {0, 3, 6, 9, 12}
+    assert load_trace(path).complete
+
+
+def test_a_missing_call_cuts_the_calls_after_it(recording: Any, tmp_path: Path) -> None:
+    path = tmp_path / "run.sftrace"
+    with record(path):
+        for n in range(3):
+            leaf(n)
+    lines = path.read_bytes().split(b"\n")
+    # drop call-2 (its event, payload, outcome and payload lines) and the trailer
+    start = next(i for i, line in enumerate(lines) if b'"id":"call-2"' in line)
+    kept = lines[:start] + lines[start + 4 :]
+    kept = [line for line in kept if not line.startswith((b'{"run":', b'{"end":'))]
+    cut = tmp_path / "cut.sftrace"
+    cut.write_bytes(b"\n".join(kept))
+    trace = load_trace(cut)
+    assert [c.id for c in trace.calls] == ["call-1"]
+    assert "call-2 is not in it" in (trace.incomplete_reason or "")
+    assert "the 1 call(s) numbered after it are left out too" in (trace.incomplete_reason or "")
+
+
+def test_saved_in_one_piece_or_as_it_goes_the_same_trace(recording: Any, tmp_path: Path) -> None:
+    path = tmp_path / "run.sftrace"
+    with record(path, input={"q": 1}) as run:
+        _agent()
+        run.set_output("done")
+    trace = load_trace(path)
+    one_piece = tmp_path / "one.sftrace"
+    trace.save(one_piece)
+    assert b'"trailer"' not in one_piece.read_bytes()
+    again = load_trace(one_piece)
+    assert again == trace
+    assert dump_trace(again, trailer=True) != path.read_bytes()  # (nested: the order on disk)
+    cut = tmp_path / "cut.sftrace"
+    cut.write_bytes(one_piece.read_bytes()[:-5])  # a one-piece bundle cut short is refused
+    with pytest.raises(Exception, match=r"end line|truncated"):
+        load_trace(cut)
+
+
+def test_recording_memory_does_not_grow_with_the_run(recording: Any, tmp_path: Path) -> None:
+    """Payloads of 2 KB: a run that kept its calls would hold 4 KB more per call; this one holds
+    what is open, and one byte per event for the lines fingerprint."""
+
+    @trace_tool
+    def tool(n: int, text: str) -> str:
+        return text[::-1]
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    configure(tracer_provider=TracerProvider())  # (the fixture's in-memory exporter keeps spans)
+    text = "x" * 2000
+    with record(tmp_path / "long.sftrace"):
+        for n in range(300):  # warm up: caches, the flush thread, the file
+            tool(n, text)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for n in range(3000):
+                tool(n, text)
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+    # at most the write buffer (FLUSH_BUFFER_BYTES, 1 MiB) and a little; holding the calls would
+    # be 3,000 x 4 KB = 12 MB
+    assert grown < FLUSH_BUFFER_BYTES + 500_000, grown
+    trace = Trace.load(tmp_path / "long.sftrace")
+    assert trace.complete
+    assert len(trace.calls) == 3300
+    assert all(isinstance(c, ToolCall) for c in trace.calls)
+
+
+def test_flush_and_fsync_intervals_are_settings(recording: Any, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="flush_interval must be >= 0"):
+        configure(flush_interval=-1)
+    with pytest.raises(ValueError, match="fsync_interval must be >= 0"):
+        configure(fsync_interval=-0.5)
+    processor = configure(flush_interval=0.25, fsync_interval=float("inf"))
+    assert processor is recording.processor
+    assert (processor.flush_interval, processor.fsync_interval) == (0.25, None)
+    path = tmp_path / "run.sftrace"
+    with record(path, flush_interval=0):  # this run's own: each call written as it ends
+        leaf(1)
+        assert len(load_trace(path).calls) == 1
