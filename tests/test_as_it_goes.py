@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import tracemalloc
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 from stepfork_otel import ReplaySession, configure, record, trace_tool
 from stepfork_otel.constants import FLUSH_BUFFER_BYTES
 from stepfork_otel.otel.processor import span_record
-from stepfork_otel.trace.bundle import dump_trace, load_trace
+from stepfork_otel.trace.bundle import TruncatedGzip, dump_trace, load_trace
 from stepfork_otel.trace.checks import validate_structure, verify_integrity
 from stepfork_otel.trace.conversion import spans_to_trace
 from stepfork_otel.trace.models import ToolCall, Trace
@@ -192,3 +193,33 @@ def test_flush_and_fsync_intervals_are_settings(recording: Any, tmp_path: Path) 
     with record(path, flush_interval=0):  # this run's own: each call written as it ends
         leaf(1)
         assert len(load_trace(path).calls) == 1
+
+
+def test_a_compressed_bundle_cut_short_loads_too(recording: Any, tmp_path: Path) -> None:
+    path = tmp_path / "run.sftrace.gz"
+    with record(path, flush_interval=0):  # (a gzip flush at each write)
+        for n in range(3):
+            leaf(n)
+        data = path.read_bytes()
+        mid = load_trace(path)  # the stream so far: flushed, not ended
+        assert [c.seq for c in mid.calls] == [1, 2, 3]
+        assert mid.complete is False
+    assert load_trace(path).complete
+    cut = tmp_path / "cut.sftrace.gz"
+    loaded = 0
+    for size in range(20, len(data), 7):
+        cut.write_bytes(data[:size])
+        try:
+            trace = load_trace(cut)
+        except TruncatedGzip:  # only before the header line is whole: no way to tell the layout
+            assert b"\n" not in zlib.decompressobj(wbits=31).decompress(data[:size]), size
+            continue
+        loaded += 1
+        assert trace.complete is False
+        assert [c.seq for c in trace.calls] == list(range(1, len(trace.calls) + 1))
+    assert loaded > 10
+    one_piece = tmp_path / "one.sftrace.gz"
+    load_trace(path).save(one_piece)
+    cut.write_bytes(one_piece.read_bytes()[:-20])  # a one-piece bundle: still refused
+    with pytest.raises(Exception, match="truncated gzip data"):
+        load_trace(cut)

@@ -248,7 +248,7 @@ class _Reader:
         held: bytes | None = None  # an event line kept back until its payload line is seen
         carry = b""  # a CR that ended the previous chunk (its LF may start this one)
         ended = 0  # the line breaks before this chunk (to number the line of a stray CR)
-        for chunk in chunks:
+        for chunk in self.until_cut(chunks):
             if not chunk:
                 continue
             if carry:
@@ -298,6 +298,16 @@ class _Reader:
                 lines.append(line)
         self.feed(lines, at_eof=True)
         return self.finish()
+
+    def until_cut(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        """``chunks``; a compressed bundle written as its run went (one gzip stream, flushed at
+        each write) that a kill cut short ends where the kill cut it, as an uncompressed one
+        does, instead of being refused as truncated gzip data."""
+        try:
+            yield from chunks
+        except TruncatedGzip:
+            if not self.may_end_early():
+                raise
 
     def line_too_long(self, line: int) -> BundleError:
         return self.error(
@@ -722,6 +732,10 @@ def _cut_short(events: list[Event], head: dict[str, Any]) -> list[Event]:
     return kept
 
 
+class TruncatedGzip(BundleError):
+    """A gzip stream that ends before its end (a bundle written as its run went may)."""
+
+
 def _file_chunks(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[bytes]:
     try:
         handle = open_regular(path)
@@ -765,7 +779,7 @@ def _gunzip_chunks(
                 data = handle.read(_CHUNK)
                 if not data:
                     if not decompressor.eof:
-                        raise BundleError(path, "truncated gzip data")
+                        raise TruncatedGzip(path, "truncated gzip data")
                     return
             if decompressor.eof:  # a following gzip member
                 decompressor = zlib.decompressobj(wbits=31)
