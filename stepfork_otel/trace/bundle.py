@@ -6,7 +6,7 @@ names the file and the reason on one line.
 
 Layout on disk: JSON Lines, UTF-8, every line one JSON value (see ``docs/bundle-format.md``)::
 
-    {"format":"sftrace","format_version":1,"trace_id":"…",…,"run":{…},"context":[…],…}
+    {"format":"sftrace","format_version":3,"trace_id":"…",…,"run":{…},"context":[…],…}
     {"input":<canonical JSON of the run input>}          (only if there is one)
     {"output":<canonical JSON of the run output>}        (only if there is one)
     {"type":"llm_request","id":"call-1",…}                (no "input" field)
@@ -21,6 +21,13 @@ and the final ``}`` are exactly the text the fingerprint hashes. Loading never p
 decodes them straight from the file), and verification is one SHA-256 each. A payload without a
 fingerprint is parsed once at load to make sure it is JSON; a fingerprinted one is checked by
 :func:`verify_integrity`. The end line tells a truncated bundle from a complete one.
+
+A run recorded with ``record(...)`` is written *as it goes* (format 3, :class:`BundleEncoder`):
+a header that says ``"complete": false, "trailer": true`` and holds what is known at the start,
+each call's events as the call ends (a nested call before the one it is nested in), then a
+trailer line ``{"run":{…},"complete":…,"context":[…],…}``, the run's output line and the end
+line. Such a file may end anywhere (a killed process): it loads as far as it goes, and its
+events are put in the conversion's order (:func:`~stepfork_otel.trace.conversion.order_events`).
 
 Compression is an explicit separate variant: a file whose name ends in ``.gz`` is written gzipped,
 and a gzipped file is recognised on load by its magic bytes.

@@ -1,16 +1,15 @@
-"""Run journals: what a run has recorded so far, on disk while it goes on.
+"""Run journals of earlier versions: what a run had recorded, kept next to its bundle.
 
-A bundle is written when its run ends. A process killed before that (``SIGKILL``, the OOM killer,
-a power cut) would leave nothing, so while a run is recorded the processor appends each span to
-the run's *journal*, ``<bundle>.journal``, as it starts and as it ends: JSON Lines, a header line
-and then one line per span event. Appending costs one small ``write`` per span (no rewrite); the
-run's end writes the bundle as before and removes the journal.
-
-A journal left behind by a dead process is a bundle in all but form: :func:`read_journal` turns it
-into a :class:`~stepfork_otel.trace.models.Trace` with the same span -> event conversion as the
-processor, marked ``complete: false``; calls that had started and not ended are calls without an
-outcome (replay stops there). ``Trace.load`` / ``stepfork show`` / ``stepfork replay`` read a
-journal directly, and the next recording in that directory turns it into its bundle.
+Before bundles were written as their run goes (format 3, see :mod:`stepfork_otel.trace.bundle`),
+the processor appended each span of a run to the run's *journal*, ``<bundle>.journal``, as it
+started and as it ended, and wrote the bundle when the run ended. Nothing writes one any more;
+one left behind by a dead process of such a version is still a bundle in all but form:
+:func:`read_journal` turns it into a :class:`~stepfork_otel.trace.models.Trace` with the same
+span -> event conversion as the processor, marked ``complete: false``; calls that had started
+and not ended are calls without an outcome (replay stops there). ``Trace.load`` / ``stepfork
+show`` / ``stepfork replay`` read a journal directly, and the next recording in that directory
+turns it into its bundle. :func:`journal_header` and :func:`journal_line` remain its writer's
+spelling (tests and the fuzz campaign's golden journal use them).
 
 Format (version 1)::
 
