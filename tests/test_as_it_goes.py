@@ -210,12 +210,12 @@ def test_a_compressed_bundle_cut_short_loads_too(recording: Any, tmp_path: Path)
     loaded = 0
     for size in range(20, len(data), 7):
         cut.write_bytes(data[:size])
-        try:
-            trace = load_trace(cut)
-        except BundleError as exc:  # only before the header line is whole: no telling the layout
-            assert "truncated gzip data" in str(exc)
-            assert b"\n" not in zlib.decompressobj(wbits=31).decompress(data[:size]), size
+        if b"\n" not in zlib.decompressobj(wbits=31).decompress(data[:size]):
+            # cut inside the header line: no telling the layout, refused as truncated
+            with pytest.raises(BundleError, match="truncated gzip data"):
+                load_trace(cut)
             continue
+        trace = load_trace(cut)
         loaded += 1
         assert trace.complete is False
         assert [c.seq for c in trace.calls] == list(range(1, len(trace.calls) + 1))
