@@ -23,6 +23,12 @@ can disagree with the nesting: a call always comes after the call it is nested i
 outcome comes after the call, after everything nested in it, and before any call that started once
 it had ended.
 
+A run written as it goes (format 3) is numbered by the processor as its calls' spans start, in the
+order it sees them start -- start order, as above, except for two threads that take their start
+times in one order and start their spans in the other (then the importer, which sorts by start
+time, numbers those two the other way round). Its calls are written as they end, with
+:func:`span_events`, and put in this module's order on load by :func:`order_events`.
+
 Payloads are read with the span payload codec (:func:`~stepfork_otel.trace.payload.read_payload`):
 a payload cut by an ``OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT`` is recorded as missing (``truncated``),
 never as if it were whole.
