@@ -115,7 +115,8 @@ def configure(
     when its local root span ends (``record(path)`` runs go to their own path). Calling
     ``configure`` again replaces the options and, if ``directory`` or ``tracer_provider`` is given,
     the processor. ``max_open_traces`` (default 1000) and ``max_spans_per_trace`` (default
-    10,000) bound the processor's memory (see :class:`SftraceSpanProcessor`).
+    10,000; for a run, spans open at once: its bundle is written as it goes) are safety valves on
+    the processor's memory, logged when they act (see :class:`SftraceSpanProcessor`).
     ``redact_all_spans``: also redact, with the same rules, the attributes, events and status of
     *every* span of the provider before any processor exports it -- spans of other
     instrumentations (OpenAI, OpenInference, HTTP clients) included (see
