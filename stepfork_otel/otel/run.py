@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from contextvars import Token
 from pathlib import Path
 from types import TracebackType
@@ -24,6 +25,7 @@ from stepfork_otel._internal import handle_internal_errors
 from stepfork_otel._version import __version__
 from stepfork_otel.config import CONFIG
 from stepfork_otel.otel.setup import ensure_bundle_processor
+from stepfork_otel.recording import determinism
 from stepfork_otel.recording.spans import (
     call_start_time,
     current_run,
@@ -49,7 +51,12 @@ class RunRecorder:
         name: str = "agent",
         entrypoint: str | None = None,
         keep: bool = False,
+        capture: str | Iterable[str] | None = None,
     ) -> None:
+        self._groups, self._audit = determinism.capture_groups(
+            CONFIG.settings.capture if capture is None else capture
+        )
+        self._capture: tuple[determinism.CaptureRun, object] | None = None
         self._destination = destination
         self._input = input
         self._output: Any = _UNSET
@@ -109,6 +116,10 @@ class RunRecorder:
             attributes[k.RUN_ENTRYPOINT] = self.entrypoint
         if self._keep:
             attributes[k.RUN_KEEP] = True
+        if self._groups or self._audit:
+            attributes[k.CAPTURE] = (
+                k.CAPTURE_AUDIT if self._audit else ",".join(sorted(self._groups))
+            )
         span = CONFIG.tracer().start_span(
             f"{k.OP_INVOKE_AGENT} {self.name}",
             kind=SpanKind.INTERNAL,
@@ -120,6 +131,8 @@ class RunRecorder:
         self._span = span
         self._token = context_api.attach(trace_api.set_span_in_context(span))
         self._run_token = current_run.set(span)
+        with handle_internal_errors("starting the determinism capture"):
+            self._capture = determinism.start_run(self._groups, self._audit)
         span_context = span.get_span_context()
         self.trace_id = format(span_context.trace_id, "032x")
         with handle_internal_errors("recording the run input"):
@@ -147,6 +160,8 @@ class RunRecorder:
         if span is None:
             return
         self._span = None
+        with handle_internal_errors("recording the run's captured reads"):
+            self._end_capture(span)
         with handle_internal_errors("recording the run outcome"):
             if self._output is not _UNSET:
                 write_payload(span, k.OUTPUT, capture(self._output, CONFIG.settings.redactor))
@@ -164,6 +179,22 @@ class RunRecorder:
             end_span(span)  # the processor writes the bundle here
         if self.path is not None and not self.path.exists():
             self.path = None
+
+    def _end_capture(self, span: Span) -> None:
+        """The reads after the run's last call (and an audit's tally) go on the run span."""
+        started, self._capture = self._capture, None
+        if started is None:
+            return
+        capture = started[0]
+        try:
+            reads = capture.take()
+            if reads is not None:
+                span.set_attribute(k.CAPTURED, reads)
+            tally = capture.audit_json()
+            if tally is not None:
+                span.set_attribute(k.CAPTURED_AUDIT, tally)
+        finally:
+            determinism.stop_run(started)
 
     async def __aenter__(self) -> RunRecorder:
         return self.__enter__()
@@ -184,6 +215,7 @@ def record(
     name: str = "agent",
     entrypoint: str | None = None,
     keep: bool = False,
+    capture: str | Iterable[str] | None = None,
 ) -> RunRecorder:
     """Record one run into a bundle.
 
@@ -192,5 +224,19 @@ def record(
     directory given to ``configure()``. ``input`` (any JSON-able value) is stored redacted. Works
     with no prior configuration: when no SDK ``TracerProvider`` is set, the embedded default is
     installed.
+
+    ``capture`` records what the run's own code reads of the clock, randomness and the
+    environment, so that a replay serves the same values and checks where they were asked for:
+    any of ``"time"``, ``"random"``, ``"uuid"``, ``"secrets"`` (``os.urandom``,
+    ``secrets.token_*``), ``"env"`` (names and fingerprints only, checked, never served), or
+    ``"all"``; ``"audit"`` records no values but lists every such read (``stepfork show``).
+    None: what ``configure(capture=...)`` set (nothing by default). See ``docs/replay.md``.
     """
-    return RunRecorder(destination, input=input, name=name, entrypoint=entrypoint, keep=keep)
+    return RunRecorder(
+        destination,
+        input=input,
+        name=name,
+        entrypoint=entrypoint,
+        keep=keep,
+        capture=capture,
+    )

@@ -28,7 +28,7 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from opentelemetry import trace as trace_api
@@ -38,6 +38,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from stepfork_otel.config import CONFIG
 from stepfork_otel.otel.processor import SftraceSpanProcessor
 from stepfork_otel.otel.redacting import enable_span_redaction
+from stepfork_otel.recording.determinism import capture_groups
 from stepfork_otel.trace.redaction import Redactor
 
 logger = logging.getLogger("stepfork_otel")
@@ -105,6 +106,7 @@ def configure(
     max_open_traces: int | None = None,
     max_spans_per_trace: int | None = None,
     redact_all_spans: bool | None = None,
+    capture: str | Iterable[str] | None = None,
 ) -> SftraceSpanProcessor:
     """Attach stepfork to OpenTelemetry and set recording options; returns the bundle processor.
 
@@ -117,6 +119,9 @@ def configure(
     *every* span of the provider before any processor exports it -- spans of other
     instrumentations (OpenAI, OpenInference, HTTP clients) included (see
     :mod:`stepfork_otel.otel.redacting`).
+    ``capture``: what every run captures unless ``record(capture=...)`` says otherwise --
+    ``"time"``, ``"random"``, ``"uuid"``, ``"secrets"``, ``"env"``, ``"all"`` or ``"audit"`` (see
+    :mod:`stepfork_otel.recording.determinism`); ``()`` captures nothing again.
     """
     for name, cap in (
         ("max_open_traces", max_open_traces),
@@ -133,6 +138,9 @@ def configure(
         changes["max_span_payload_bytes"] = max_span_payload_bytes
     if capture_content is not None:
         changes["capture_content"] = capture_content
+    if capture is not None:
+        capture_groups(capture)  # a wrong name is refused here, not at the first run
+        changes["capture"] = (capture,) if isinstance(capture, str) else tuple(capture)
     if changes:
         CONFIG.update(**changes)
     if redact_all_spans:
