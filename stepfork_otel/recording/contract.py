@@ -131,6 +131,11 @@ class Replayer(Protocol):
         replay error when the read departs from the recording."""
         ...
 
+    @property
+    def serves_reads(self) -> bool:
+        """Whether the recording captured values this session serves."""
+        ...
+
     def read_diverged(self, source: str, site: Site, reason: str) -> BaseException:
         """The error to raise when a served read could not be reproduced (a random function
         that drew differently); the session records it."""
@@ -145,11 +150,12 @@ class SessionSlot:
         self._var: ContextVar[Replayer | None] = ContextVar("stepfork_replay_session", default=None)
         self._lock = threading.Lock()
         self._active: list[Replayer] = []
-        self._listeners: list[Callable[[bool], None]] = []
+        self._listeners: list[Callable[[Replayer, bool], None]] = []
 
-    def add_listener(self, listener: Callable[[bool], None]) -> None:
-        """Call ``listener(True)`` when a session becomes active and ``listener(False)`` when it
-        stops (the determinism capture installs its interception for a session's life)."""
+    def add_listener(self, listener: Callable[[Replayer, bool], None]) -> None:
+        """Call ``listener(session, True)`` when a session becomes active and
+        ``listener(session, False)`` when it stops (the determinism capture installs its
+        interception for a session's life)."""
         self._listeners.append(listener)
 
     def get(self) -> Replayer | None:
@@ -170,7 +176,7 @@ class SessionSlot:
             self._active.append(session)
         token = self._var.set(session)
         for listener in self._listeners:
-            listener(True)
+            listener(session, True)
         return token
 
     def reset(self, token: Token[Replayer | None], session: Replayer) -> None:
@@ -182,7 +188,7 @@ class SessionSlot:
         self._var.reset(token)
         if active:
             for listener in self._listeners:
-                listener(False)
+                listener(session, False)
 
 
 current_session = SessionSlot()

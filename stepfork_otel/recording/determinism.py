@@ -522,6 +522,11 @@ class CapturedDatetime(_REAL_DATETIME, metaclass=_ClassType):
 
     _real = _REAL_DATETIME
 
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Callable[[Any], Any]) -> Any:
+        """A model defined while capture is on validates the real class (pydantic's hook)."""
+        return handler(_REAL_DATETIME)
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         return _REAL_DATETIME(*args, **kwargs)
 
@@ -572,6 +577,11 @@ class CapturedDate(_REAL_DATE, metaclass=_ClassType):
     """``datetime.date`` as the run's own modules see it while capture is on (``today``)."""
 
     _real = _REAL_DATE
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Callable[[Any], Any]) -> Any:
+        """A model defined while capture is on validates the real class (pydantic's hook)."""
+        return handler(_REAL_DATE)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         return _REAL_DATE(*args, **kwargs)
@@ -697,14 +707,18 @@ def _source_patches() -> list[_Patch]:
     return patches
 
 
+#: Made once, at import, from the real functions (never from what is installed at the time).
+_SOURCE_PATCHES = tuple(_source_patches())
 _lock = threading.Lock()
-_users = 0
-_installed: list[_Patch] = []
+_users = [0, 0]  # [holders of the source patches, holders of the module patches]
+_installed: list[list[_Patch]] = [[], []]
+_SOURCES, _MODULES = 0, 1
 
 
-def _module_patches(sources: list[_Patch]) -> list[_Patch]:
+def _module_patches() -> list[_Patch]:
     """The run's own modules' names for the sources (``from time import time``, ``import
     datetime``, ``from datetime import datetime``), replaced too."""
+    sources = _SOURCE_PATCHES
     by_id: dict[int, Any] = {
         id(p.original): p.replacement for p in sources if p.owner is not os._Environ
     }
@@ -726,47 +740,52 @@ def _module_patches(sources: list[_Patch]) -> list[_Patch]:
     return patches
 
 
-def acquire() -> None:
-    """Install the interception (the first capturing run or replay session does)."""
-    global _users
+def acquire(*, modules: bool = True) -> None:
+    """Install the interception: the sources' module attributes and, with ``modules``, the run's
+    own modules' names for them (``datetime`` among them). A capturing run takes both; a replay
+    session over a bundle that captured nothing takes only the first, to notice uncaptured reads
+    (a mismatch then names them) without touching the run's modules."""
     with _lock:
-        _users += 1
-        if _users > 1:
-            return
-        with handle_internal_errors("installing the determinism capture"):
-            sources = _source_patches()
-            for patch in [*sources, *_module_patches(sources)]:
-                setattr(patch.owner, patch.name, patch.replacement)
-                _installed.append(patch)
+        for level in (_SOURCES, _MODULES) if modules else (_SOURCES,):
+            _users[level] += 1
+            if _users[level] > 1:
+                continue
+            with handle_internal_errors("installing the determinism capture"):
+                patches = list(_SOURCE_PATCHES) if level == _SOURCES else _module_patches()
+                for patch in patches:
+                    setattr(patch.owner, patch.name, patch.replacement)
+                    _installed[level].append(patch)
 
 
-def release() -> None:
-    """Remove it again when the last one ends (a name someone rebound meanwhile is left as is)."""
-    global _users
+def release(*, modules: bool = True) -> None:
+    """Undo one :func:`acquire` (a name someone rebound meanwhile is left as is)."""
     with _lock:
-        _users = max(0, _users - 1)
-        if _users:
-            return
-        with handle_internal_errors("removing the determinism capture"):
-            while _installed:
-                patch = _installed.pop()
-                current = getattr(patch.owner, patch.name, None)
-                if current is patch.replacement:
-                    setattr(patch.owner, patch.name, patch.original)
+        for level in (_MODULES, _SOURCES) if modules else (_SOURCES,):
+            _users[level] = max(0, _users[level] - 1)
+            if _users[level]:
+                continue
+            with handle_internal_errors("removing the determinism capture"):
+                installed = _installed[level]
+                while installed:
+                    patch = installed.pop()
+                    current = getattr(patch.owner, patch.name, None)
+                    if current is patch.replacement:
+                        setattr(patch.owner, patch.name, patch.original)
 
 
 def installed() -> bool:
-    """Whether the interception is in place (tests, benchmarks)."""
-    return bool(_installed)
+    """Whether any of the interception is in place (tests, benchmarks)."""
+    return bool(_installed[_SOURCES] or _installed[_MODULES])
 
 
-def _on_session(active: bool) -> None:
+def _on_session(session: Any, active: bool) -> None:
     """Replay sessions serve captured reads (and explain uncaptured ones): the interception is
-    in place while one is active."""
+    in place while one is active -- all of it when its bundle captured values."""
+    modules = bool(getattr(session, "serves_reads", False))
     if active:
-        acquire()
+        acquire(modules=modules)
     else:
-        release()
+        release(modules=modules)
 
 
 current_session.add_listener(_on_session)

@@ -401,6 +401,11 @@ class ReplaySession:
                 self._divergences.append(exc)
                 raise
 
+    @property
+    def serves_reads(self) -> bool:
+        """Whether the bundle captured clock/random/uuid values (the session then serves them)."""
+        return bool(self._reads.values)
+
     def read_diverged(self, source: str, site: Site, reason: str) -> BaseException:
         """A served read could not be reproduced (a random function drew differently)."""
         error = ReplayMismatchError(
