@@ -658,3 +658,46 @@ def test_the_replay_page_shows_what_capture_prints(tmp_path: Path) -> None:
     assert first.startswith("stepfork_otel.replay.errors.ReplayMismatchError: at call 1")
     assert first.split(": ", 1)[1] in section
     assert "\n".join(message[-2:]) in section
+
+
+# --- hostile bundles ----------------------------------------------------------------------------
+
+
+def test_every_intercepted_source_is_a_known_source() -> None:
+    from stepfork_otel.trace.captured import SOURCES
+
+    assert determinism.intercepted_sources() == set(SOURCES)
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (
+            lambda r: r.update(value="yesterday"),
+            "the value of datetime.now is not an ISO date-time",
+        ),
+        (lambda r: r.update(source="os.system"), "captured read 2: unknown source os.system"),
+        (lambda r: r.update(index=0), "captured read 0 is out of order"),
+        (lambda r: r.update(before_call=9), "precedes call 9, not a call"),
+        (lambda r: r.update(kind="env"), "an environment read names os.environ"),
+        (lambda r: r.update(value=[1, 2]), "is not an ISO date-time"),
+    ],
+)
+def test_a_damaged_captured_read_is_a_bundle_error_on_load(
+    recording: Recording, tmp_path: Path, edit: Any, reason: str
+) -> None:
+    from stepfork_otel.trace.errors import BundleError
+
+    def run() -> Any:
+        first = time.time()
+        return [first, echo(datetime.now().isoformat())]
+
+    path = tmp_path / "run.sftrace"
+    _record(path, run, "time")
+    trace = Trace.load(path)
+    data = trace.model_dump(mode="json")
+    edit(data["captured"][1])
+    damaged = tmp_path / "damaged.sftrace"
+    Trace.model_validate(data).save(damaged)  # saved whole: the lines fingerprint agrees
+    with pytest.raises(BundleError, match=re.escape(reason)):
+        Trace.load(damaged)

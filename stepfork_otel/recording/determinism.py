@@ -7,7 +7,8 @@ would diverge at the first LLM call and blame the prompt. With ``record(..., cap
 reads are recorded with their value and their call site; a replay of the bundle serves the values
 back in the recorded order and checks that each read comes from the same place.
 
-**What is intercepted.** The names the documented sources are reached by (``SOURCES``): the
+**What is intercepted.** The names the documented sources are reached by (the list is
+``trace.captured.SOURCES``): the
 module attributes (``time.time``, ``random.choice``, ``uuid.uuid4``, ``os.urandom``,
 ``secrets.token_hex``, ...) are replaced while a capturing run or a replay session is active, and
 so are names the run's own modules imported from them (``from time import time``), and in those
@@ -58,6 +59,7 @@ from opentelemetry import context as context_api
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors
 from stepfork_otel.recording.contract import Site, current_session
+from stepfork_otel.trace.captured import RANDOM_FUNCTIONS
 from stepfork_otel.trace.models import env_fingerprint
 
 logger = logging.getLogger("stepfork_otel")
@@ -372,7 +374,7 @@ def _wrap(group: str, source: str, real: Callable[..., Any], serve: _Serve) -> C
     captured.__qualname__ = getattr(real, "__qualname__", source)
     captured.__doc__ = getattr(real, "__doc__", None)
     captured.__wrapped__ = real  # type: ignore[attr-defined]
-    captured._stepfork_captured = True  # type: ignore[attr-defined]
+    captured._stepfork_source = source  # type: ignore[attr-defined]
     return captured
 
 
@@ -427,30 +429,6 @@ class _TapeMismatch(Exception):
 
 _GLOBAL_RANDOM: random.Random = random._inst
 
-#: The global ``random`` functions that are captured (``seed``/``getstate``/``setstate`` are not:
-#: they draw nothing).
-RANDOM_FUNCTIONS = (
-    "random",
-    "uniform",
-    "triangular",
-    "randint",
-    "randrange",
-    "choice",
-    "choices",
-    "sample",
-    "shuffle",
-    "getrandbits",
-    "randbytes",
-    "normalvariate",
-    "lognormvariate",
-    "expovariate",
-    "vonmisesvariate",
-    "gammavariate",
-    "betavariate",
-    "paretovariate",
-    "weibullvariate",
-)
-
 
 def _wrap_random(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
     """A global ``random`` function: the read's value is the list of primitive draws it made."""
@@ -494,7 +472,7 @@ def _wrap_random(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
     captured.__qualname__ = name
     captured.__doc__ = getattr(real, "__doc__", None)
     captured.__wrapped__ = real  # type: ignore[attr-defined]
-    captured._stepfork_captured = True  # type: ignore[attr-defined]
+    captured._stepfork_source = source  # type: ignore[attr-defined]
     return captured
 
 
@@ -771,6 +749,13 @@ def release(*, modules: bool = True) -> None:
                     current = getattr(patch.owner, patch.name, None)
                     if current is patch.replacement:
                         setattr(patch.owner, patch.name, patch.original)
+
+
+def intercepted_sources() -> set[str]:
+    """The source names the interception records (each one listed in ``trace.captured``)."""
+    names = {getattr(p.replacement, "_stepfork_source", None) for p in _SOURCE_PATCHES}
+    names.update(("datetime.now", "datetime.utcnow", "datetime.today", "date.today", "os.environ"))
+    return {name for name in names if isinstance(name, str)}
 
 
 def installed() -> bool:

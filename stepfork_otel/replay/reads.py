@@ -18,25 +18,13 @@ from typing import Any, Literal
 from stepfork_otel import constants as k
 from stepfork_otel.recording.contract import Site
 from stepfork_otel.replay.errors import ReplayMismatchError, ReplayModeError
+from stepfork_otel.trace.captured import group_of
 from stepfork_otel.trace.models import CapturedRead, Trace, env_fingerprint
 
 CapturedPolicy = Literal["strict", "lenient"]
 
 #: How many reads of uncaptured sources a session remembers to explain a later mismatch.
 _HINT_READS = 8
-
-
-def group_of(source: str) -> str:
-    """The capture group (``time``, ``random``, ...) a recorded source belongs to."""
-    if source in ("os.urandom",) or source.startswith("secrets."):
-        return k.CAPTURE_SECRETS
-    if source.startswith(("time.", "datetime.", "date.")):
-        return k.CAPTURE_TIME
-    if source.startswith("random."):
-        return k.CAPTURE_RANDOM
-    if source.startswith("uuid."):
-        return k.CAPTURE_UUID
-    return k.CAPTURE_ENV
 
 
 def parse_policy(captured: str) -> CapturedPolicy:
