@@ -701,3 +701,73 @@ def test_a_damaged_captured_read_is_a_bundle_error_on_load(
     Trace.model_validate(data).save(damaged)  # saved whole: the lines fingerprint agrees
     with pytest.raises(BundleError, match=re.escape(reason)):
         Trace.load(damaged)
+
+
+# --- a killed run keeps its reads -------------------------------------------------------------------
+
+KILLED = """
+import os, signal, sys, time, uuid
+from stepfork_otel import record, trace_tool
+
+@trace_tool
+def step(n: int, ident: str) -> int:
+    return n
+
+with record(sys.argv[1], capture=("uuid",)):
+    step(1, str(uuid.uuid4()))
+    step(2, str(uuid.uuid4()))
+    time.sleep(1.5)  # past the journal's flush bound: the calls above are on disk
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_run_keeps_the_reads_of_the_calls_it_journalled(tmp_path: Path) -> None:
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED, encoding="utf-8")
+    bundle = tmp_path / "killed.sftrace"
+    done = subprocess.run(
+        [sys.executable, str(script), str(bundle)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    assert done.returncode == -9, done.stderr
+    left = bundle if bundle.exists() else bundle.with_name(bundle.name + ".journal")
+    trace = Trace.load(left)  # what the process left, read as an incomplete bundle
+    assert not trace.complete
+    assert [(r.source, r.before_call) for r in trace.captured] == [
+        ("uuid.uuid4", 1),
+        ("uuid.uuid4", 2),
+    ]
+    inputs = [json.loads(call.input or "{}")["ident"] for call in trace.calls]
+    assert inputs == [r.value for r in trace.captured]
+
+
+def test_the_replay_report_lists_the_captured_reads(
+    recording: Recording, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stepfork_otel.replay.report import format_report, report_data
+
+    monkeypatch.setenv("STEPFORK_TEST_MODE", "a")
+
+    def run() -> Any:
+        os.environ.get("STEPFORK_TEST_MODE")
+        return echo(str(uuid.uuid4()))
+
+    path = tmp_path / "run.sftrace"
+    _record(path, run, ("uuid", "env"))
+    monkeypatch.setenv("STEPFORK_TEST_MODE", "b")
+    _, session = _replay(path, run)
+    report = format_report(session.summary, 1)
+    assert report.startswith("Dependency-call matching: MATCHED")
+    assert "   captured reads: 1 of 1 served" in report
+    assert "   note: environment: STEPFORK_TEST_MODE differs from the recorded value" in report
+    data = report_data(session.summary, 1)["captured_reads"]
+    assert data["recorded"] == data["served"] == 1
+
+    with ReplaySession.from_trace(path) as unread:
+        pass
+    left = format_report(unread.summary, 1)
+    assert left.splitlines()[0].startswith("Dependency-call matching: DIVERGED")
+    assert "not read: read 2 uuid.uuid4 at " in left

@@ -37,6 +37,7 @@ one span -> event conversion puts them in the bundle (``Trace.captured``).
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import logging
 import os
 import random
@@ -99,6 +100,7 @@ _PACKAGE_DIRS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.se
 _user_frames: dict[tuple[str, Any], bool] = {}
 
 
+@functools.lru_cache(maxsize=8192)
 def _is_user_file(filename: str) -> bool:
     """Whether code from ``filename`` is the run's own: not the standard library, an installed
     package or stepfork."""
