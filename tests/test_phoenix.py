@@ -7,6 +7,7 @@ tests of the tool definitions Phoenix reads run everywhere.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -78,6 +79,10 @@ def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phoenix]:
         pytest.skip("arize-phoenix is not installed here (.ci/run runs this in .venv-phoenix)")
     with running_phoenix(tmp_path_factory.mktemp("phoenix")) as running:
         yield running
+
+
+def sha256_of(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def by_name(spans: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
@@ -173,7 +178,10 @@ def test_a_recorded_run_and_its_replay_as_phoenix_shows_them(
     assert tool_span["tool.parameters.type"] == "object"
     assert tool_span["tool.parameters.properties.order_id.type"] == "integer"
     assert tool_span["tool.parameters.required"] == ["order_id"]
-    assert json.loads(tool_span["input.value"]) == {"order_id": 2}
+    # each payload reached Phoenix once: the canonical text is the OpenInference value
+    assert tool_span["input.value"] == '{"order_id":2}'
+    assert "stepfork.input" not in tool_span
+    assert tool_span["stepfork.input.sha256"] == sha256_of('{"order_id":2}')
 
     # the plain SDK over gRPC: its own project, the same kinds
     booking = phoenix.spans("booking-agent")
