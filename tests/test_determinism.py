@@ -771,3 +771,49 @@ def test_the_replay_report_lists_the_captured_reads(
     left = format_report(unread.summary, 1)
     assert left.splitlines()[0].startswith("Dependency-call matching: DIVERGED")
     assert "not read: read 2 uuid.uuid4 at " in left
+
+
+SITE_MODULE = """
+import time
+from stepfork_otel import trace_tool
+
+@trace_tool
+def echo(value):
+    return value
+
+def agent():
+    stamp = time.time()
+    return echo(stamp)
+"""
+
+
+def test_a_site_is_its_line_within_the_function(
+    recording: Recording, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = tmp_path / "site_agent.py"
+
+    def load(source: str) -> Any:
+        module.write_text(source, encoding="utf-8")
+        sys.modules.pop("site_agent", None)
+        importlib.invalidate_caches()
+        return importlib.import_module("site_agent")
+
+    agent = load(SITE_MODULE)
+    path = tmp_path / "run.sftrace"
+    with record(path, capture="time"):
+        recorded = agent.agent()
+    moved = load("import os\nimport sys\n# an edit elsewhere in the file\n" + SITE_MODULE)
+    with ReplaySession.from_trace(path) as session:
+        assert moved.agent() == recorded
+    session.verify_complete()
+    edited = load(
+        SITE_MODULE.replace("    stamp = time.time()", "    # a new line\n    stamp = time.time()")
+    )
+    with (
+        pytest.raises(ReplayMismatchError, match="captured read 1 differs"),
+        ReplaySession.from_trace(path),
+    ):
+        edited.agent()

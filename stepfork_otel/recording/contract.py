@@ -104,6 +104,9 @@ class Site(NamedTuple):
     module: str
     function: str
     line: int
+    offset: int = 0
+    """Lines from the start of the function (what replay compares: an edit elsewhere in the file
+    moves ``line``, not this)."""
 
     def __str__(self) -> str:
         return f"{self.module}:{self.function}:{self.line}"

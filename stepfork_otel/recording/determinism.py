@@ -134,7 +134,8 @@ def _site_of(frame: types.FrameType | None) -> Site | None:
     if not user:
         return None
     function = getattr(code, "co_qualname", code.co_name)
-    return Site(_module_name(namespace), function, frame.f_lineno)
+    line = frame.f_lineno
+    return Site(_module_name(namespace), function, line, line - code.co_firstlineno)
 
 
 def _module_name(namespace: dict[str, Any]) -> str:
@@ -225,6 +226,7 @@ class CaptureRun:
                 "module": site.module,
                 "function": site.function,
                 "line": site.line,
+                "offset": site.offset,
             }
             read.update(fields)
             self.pending.append(read)

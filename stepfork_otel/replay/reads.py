@@ -33,6 +33,16 @@ def parse_policy(captured: str) -> CapturedPolicy:
     return "strict" if captured == "strict" else "lenient"
 
 
+def _same_site(read: CapturedRead, site: Site) -> bool:
+    """Same module and function, and the same line counted from the function's start (the
+    absolute line when the recording did not say)."""
+    if (read.module, read.function) != (site.module, site.function):
+        return False
+    if read.offset is None:
+        return read.line == site.line
+    return read.offset == site.offset
+
+
 def _where(read: CapturedRead) -> str:
     when = "after the last call" if read.before_call is None else f"before call {read.before_call}"
     return f"{read.source} at {read.site} ({when})"
@@ -102,11 +112,7 @@ class ReadServer:
                 [f"this run: before call {position}"],
             )
         expected = self.values[self.cursor]
-        if expected.source != source or (expected.module, expected.function, expected.line) != (
-            site.module,
-            site.function,
-            site.line,
-        ):
+        if expected.source != source or not _same_site(expected, site):
             return self._diverged(
                 f"captured read {self.cursor + 1} differs from the recording: this run read "
                 f"{source} at {site}, the recording read {expected.source} at {expected.site}",

@@ -161,6 +161,9 @@ class CapturedRead(_Model):
     function: str
     line: int
     """The call site in the run's code: module name, function name, line number."""
+    offset: int | None = None
+    """The line's distance from the start of its function: what replay compares, so that an edit
+    elsewhere in the file (an import added at the top) does not move the site."""
     before_call: int | None = None
     """The ``seq`` of the boundary call the run started next (None: after its last call)."""
     value: Any = None
