@@ -74,6 +74,11 @@ def _clock() -> list[Any]:
         datetime.today().isoformat(),
         date.today().isoformat(),
         dt_module.date.today().isoformat(),  # ``import datetime``
+        time.strftime("%Y-%m-%d %H:%M:%S"),
+        time.strftime("%Y", time.gmtime(0)),  # a time given: not a read (but gmtime(0) neither)
+        time.ctime(),
+        list(time.localtime()),
+        list(time.gmtime()),
     ]
 
 
@@ -125,6 +130,10 @@ def _secret_values() -> list[Any]:
                 "datetime.today",
                 "date.today",
                 "date.today",
+                "time.strftime",
+                "time.ctime",
+                "time.localtime",
+                "time.gmtime",
             ],
         ),
         (

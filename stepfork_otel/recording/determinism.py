@@ -382,6 +382,33 @@ def _wrap(group: str, source: str, real: Callable[..., Any], serve: _Serve) -> C
     return captured
 
 
+def _wrap_clock(
+    source: str, real: Callable[..., Any], pure_from: int, serve: _Serve
+) -> Callable[..., Any]:
+    """``time.strftime`` / ``ctime`` / ``localtime`` / ``gmtime``: a read of the clock only when
+    the time argument is left out (``pure_from``: the position of that argument); given one,
+    they are plain functions of it and are not captured."""
+
+    def captured(*args: Any, **kwargs: Any) -> Any:
+        if kwargs or (len(args) > pure_from and args[pure_from] is not None):
+            return real(*args, **kwargs)
+        return _read(k.CAPTURE_TIME, source, serve, lambda: real(*args))
+
+    captured.__name__ = getattr(real, "__name__", source)
+    captured.__qualname__ = getattr(real, "__qualname__", source)
+    captured.__doc__ = getattr(real, "__doc__", None)
+    captured.__wrapped__ = real  # type: ignore[attr-defined]
+    captured._stepfork_source = source  # type: ignore[attr-defined]
+    return captured
+
+
+def _struct_time_decode(value: Any) -> time.struct_time:
+    return time.struct_time(tuple(int(v) for v in value))
+
+
+_STRUCT_TIME = _Serve(lambda t: list(t), _struct_time_decode)
+
+
 class _Tape(random.Random):
     """A ``random.Random`` whose two primitives (``random()`` and ``getrandbits()``) are drawn
     from the process's global generator and written down while recording, or read back from a
@@ -663,6 +690,19 @@ def _source_patches() -> list[_Patch]:
     """Every module attribute that is replaced while capture or replay is active."""
     patches = [
         _Patch(time, "time", time.time, _wrap(k.CAPTURE_TIME, "time.time", time.time, _PLAIN)),
+        _Patch(
+            time, "strftime", time.strftime, _wrap_clock("time.strftime", time.strftime, 1, _PLAIN)
+        ),
+        _Patch(time, "ctime", time.ctime, _wrap_clock("time.ctime", time.ctime, 0, _PLAIN)),
+        _Patch(
+            time,
+            "localtime",
+            time.localtime,
+            _wrap_clock("time.localtime", time.localtime, 0, _STRUCT_TIME),
+        ),
+        _Patch(
+            time, "gmtime", time.gmtime, _wrap_clock("time.gmtime", time.gmtime, 0, _STRUCT_TIME)
+        ),
         _Patch(
             time,
             "time_ns",

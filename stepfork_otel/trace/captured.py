@@ -65,6 +65,10 @@ def _text(value: Any) -> bool:
     return isinstance(value, str)
 
 
+def _struct_time(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 9 and all(_integer(v) for v in value)
+
+
 def _draws(value: Any) -> bool:
     """The primitive draws of a ``random`` function: floats, and ``bits:hex`` for random bits."""
     return isinstance(value, list) and all(
@@ -88,6 +92,10 @@ _RANDOM = Source(k.CAPTURE_RANDOM, _draws, "a list of draws")
 SOURCES: dict[str, Source] = {
     "time.time": Source(k.CAPTURE_TIME, _number, "a number"),
     "time.time_ns": Source(k.CAPTURE_TIME, _integer, "an integer"),
+    "time.strftime": Source(k.CAPTURE_TIME, _text, "text"),
+    "time.ctime": Source(k.CAPTURE_TIME, _text, "text"),
+    "time.localtime": Source(k.CAPTURE_TIME, _struct_time, "nine integers"),
+    "time.gmtime": Source(k.CAPTURE_TIME, _struct_time, "nine integers"),
     "datetime.now": Source(k.CAPTURE_TIME, _datetime, "an ISO date-time"),
     "datetime.utcnow": Source(k.CAPTURE_TIME, _datetime, "an ISO date-time"),
     "datetime.today": Source(k.CAPTURE_TIME, _datetime, "an ISO date-time"),
