@@ -370,16 +370,23 @@ def _read(group: str, source: str, serve: _Serve, live: Callable[[], Any], depth
     return result
 
 
-def _wrap(group: str, source: str, real: Callable[..., Any], serve: _Serve) -> Callable[..., Any]:
-    def captured(*args: Any, **kwargs: Any) -> Any:
-        return _read(group, source, serve, lambda: real(*args, **kwargs))
-
+def _stand_in(
+    captured: Callable[..., Any], real: Callable[..., Any], source: str
+) -> Callable[..., Any]:
+    """``captured`` dressed as ``real`` (name, docstring, ``__wrapped__``), naming its source."""
     captured.__name__ = getattr(real, "__name__", source)
     captured.__qualname__ = getattr(real, "__qualname__", source)
     captured.__doc__ = getattr(real, "__doc__", None)
     captured.__wrapped__ = real  # type: ignore[attr-defined]
     captured._stepfork_source = source  # type: ignore[attr-defined]
     return captured
+
+
+def _wrap(group: str, source: str, real: Callable[..., Any], serve: _Serve) -> Callable[..., Any]:
+    def captured(*args: Any, **kwargs: Any) -> Any:
+        return _read(group, source, serve, lambda: real(*args, **kwargs))
+
+    return _stand_in(captured, real, source)
 
 
 def _wrap_clock(
@@ -394,12 +401,7 @@ def _wrap_clock(
             return real(*args, **kwargs)
         return _read(k.CAPTURE_TIME, source, serve, lambda: real(*args))
 
-    captured.__name__ = getattr(real, "__name__", source)
-    captured.__qualname__ = getattr(real, "__qualname__", source)
-    captured.__doc__ = getattr(real, "__doc__", None)
-    captured.__wrapped__ = real  # type: ignore[attr-defined]
-    captured._stepfork_source = source  # type: ignore[attr-defined]
-    return captured
+    return _stand_in(captured, real, source)
 
 
 def _struct_time_decode(value: Any) -> time.struct_time:
@@ -499,12 +501,7 @@ def _wrap_random(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
             capture.add("value", source, where, value=tape.draws)
         return result
 
-    captured.__name__ = name
-    captured.__qualname__ = name
-    captured.__doc__ = getattr(real, "__doc__", None)
-    captured.__wrapped__ = real  # type: ignore[attr-defined]
-    captured._stepfork_source = source  # type: ignore[attr-defined]
-    return captured
+    return _stand_in(captured, real, source)
 
 
 def _gauss_wrapper(real: Callable[..., Any]) -> Callable[..., Any]:
@@ -525,19 +522,40 @@ class _ClassType(type):
         return issubclass(subclass, cls._real)
 
 
-class CapturedDatetime(_REAL_DATETIME, metaclass=_ClassType):
+class _StandIn:
+    """What the capturing ``datetime``/``date`` share: constructors return the real class, and
+    pydantic validates the real class (a model defined while capture is on)."""
+
+    _real: type
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        return cls._real(*args, **kwargs)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Callable[[Any], Any]) -> Any:
+        return handler(cls._real)
+
+
+def _constructor(method: Callable[..., Any]) -> Any:
+    def delegated(cls: type, /, *args: Any, **kwargs: Any) -> Any:
+        return method(*args, **kwargs)
+
+    delegated.__name__ = getattr(method, "__name__", "constructor")
+    return classmethod(delegated)
+
+
+def _delegate(real: type, names: tuple[str, ...], stand_in: type) -> None:
+    """The alternative constructors of ``stand_in`` (``fromisoformat``, ...) are the real
+    class's, so they return real objects too."""
+    for name in names:
+        setattr(stand_in, name, _constructor(getattr(real, name)))
+
+
+class CapturedDatetime(_StandIn, _REAL_DATETIME, metaclass=_ClassType):
     """``datetime.datetime`` as the run's own modules see it while capture is on: ``now``,
     ``utcnow`` and ``today`` are captured; every constructor returns a real ``datetime``."""
 
     _real = _REAL_DATETIME
-
-    @classmethod
-    def __get_pydantic_core_schema__(cls, source: Any, handler: Callable[[Any], Any]) -> Any:
-        """A model defined while capture is on validates the real class (pydantic's hook)."""
-        return handler(_REAL_DATETIME)
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        return _REAL_DATETIME(*args, **kwargs)
 
     @classmethod
     def now(cls, tz: _dt.tzinfo | None = None) -> Any:
@@ -557,43 +575,11 @@ class CapturedDatetime(_REAL_DATETIME, metaclass=_ClassType):
     def today(cls) -> Any:
         return _read(k.CAPTURE_TIME, "datetime.today", _DATETIME, _REAL_DATETIME.today)
 
-    @classmethod
-    def fromtimestamp(cls, *args: Any, **kwargs: Any) -> Any:
-        return _REAL_DATETIME.fromtimestamp(*args, **kwargs)
 
-    @classmethod
-    def utcfromtimestamp(cls, *args: Any, **kwargs: Any) -> Any:
-        return _REAL_DATETIME.utcfromtimestamp(*args, **kwargs)
-
-    @classmethod
-    def fromisoformat(cls, *args: Any, **kwargs: Any) -> Any:
-        return _REAL_DATETIME.fromisoformat(*args, **kwargs)
-
-    @classmethod
-    def strptime(cls, *args: Any, **kwargs: Any) -> Any:
-        return _REAL_DATETIME.strptime(*args, **kwargs)
-
-    @classmethod
-    def combine(cls, *args: Any, **kwargs: Any) -> Any:
-        return _REAL_DATETIME.combine(*args, **kwargs)
-
-    @classmethod
-    def fromordinal(cls, *args: Any, **kwargs: Any) -> Any:
-        return _REAL_DATETIME.fromordinal(*args, **kwargs)
-
-
-class CapturedDate(_REAL_DATE, metaclass=_ClassType):
+class CapturedDate(_StandIn, _REAL_DATE, metaclass=_ClassType):
     """``datetime.date`` as the run's own modules see it while capture is on (``today``)."""
 
     _real = _REAL_DATE
-
-    @classmethod
-    def __get_pydantic_core_schema__(cls, source: Any, handler: Callable[[Any], Any]) -> Any:
-        """A model defined while capture is on validates the real class (pydantic's hook)."""
-        return handler(_REAL_DATE)
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        return _REAL_DATE(*args, **kwargs)
 
     @classmethod
     def today(cls) -> Any:
@@ -604,17 +590,14 @@ class CapturedDate(_REAL_DATE, metaclass=_ClassType):
             _REAL_DATE.today,
         )
 
-    @classmethod
-    def fromtimestamp(cls, *args: Any, **kwargs: Any) -> Any:
-        return _REAL_DATE.fromtimestamp(*args, **kwargs)
 
-    @classmethod
-    def fromisoformat(cls, *args: Any, **kwargs: Any) -> Any:
-        return _REAL_DATE.fromisoformat(*args, **kwargs)
-
-    @classmethod
-    def fromordinal(cls, *args: Any, **kwargs: Any) -> Any:
-        return _REAL_DATE.fromordinal(*args, **kwargs)
+_CONSTRUCTORS = ("fromtimestamp", "fromisoformat", "fromordinal", "fromisocalendar")
+_delegate(
+    _REAL_DATETIME,
+    (*_CONSTRUCTORS, "utcfromtimestamp", "strptime", "combine"),
+    CapturedDatetime,
+)
+_delegate(_REAL_DATE, _CONSTRUCTORS, CapturedDate)
 
 
 def _datetime_module() -> types.ModuleType:
