@@ -826,3 +826,29 @@ def test_a_site_is_its_line_within_the_function(
         ReplaySession.from_trace(path),
     ):
         edited.agent()
+
+
+def test_monotonic_clocks_are_left_alone(recording: Recording, tmp_path: Path) -> None:
+    originals = (time.monotonic, time.perf_counter, time.monotonic_ns, time.process_time)
+    with record(tmp_path / "run.sftrace", capture="all"):
+        assert (time.monotonic, time.perf_counter, time.monotonic_ns, time.process_time) == (
+            originals
+        )
+        time.sleep(0.001)  # a timeout or a duration inside the run measures real time
+    assert Trace.load(tmp_path / "run.sftrace").captured == []
+
+
+def test_configure_sets_what_every_run_captures(recording: Recording, tmp_path: Path) -> None:
+    from stepfork_otel import configure
+
+    configure(capture=("uuid",))
+    with record(tmp_path / "run.sftrace"):
+        uuid.uuid4()
+        time.time()
+    trace = Trace.load(tmp_path / "run.sftrace")
+    assert [r.source for r in trace.captured] == ["uuid.uuid4"]
+    with record(tmp_path / "none.sftrace", capture=()):
+        uuid.uuid4()
+    assert Trace.load(tmp_path / "none.sftrace").captured == []
+    with pytest.raises(ValueError, match="unknown source 'clock'"):
+        configure(capture="clock")
