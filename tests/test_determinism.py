@@ -852,3 +852,53 @@ def test_configure_sets_what_every_run_captures(recording: Recording, tmp_path: 
     assert Trace.load(tmp_path / "none.sftrace").captured == []
     with pytest.raises(ValueError, match="unknown source 'clock'"):
         configure(capture="clock")
+
+
+CLI_AGENT = """
+import time
+import uuid
+
+from stepfork_otel import record, trace_tool
+
+
+@trace_tool
+def ask(prompt: str) -> str:
+    return prompt.upper()
+
+
+def main() -> str:
+    stamp = time.time()
+    ident = str(uuid.uuid4())
+    return ask(f"request {ident}")
+
+
+if __name__ == "__main__":
+    with record("cli.sftrace", capture=("time", "uuid")) as run:
+        run.set_output(main())
+"""
+
+
+def test_stepfork_replay_serves_captured_reads_and_takes_captured_lenient(tmp_path: Path) -> None:
+    (tmp_path / "cli_agent.py").write_text(CLI_AGENT, encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), NO_COLOR="1")
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *argv], cwd=tmp_path, capture_output=True, text=True, env=env
+        )
+
+    assert run("cli_agent.py").returncode == 0
+    replay = ["-m", "stepfork_otel.cli", "replay", "cli.sftrace", "--entrypoint", "cli_agent:main"]
+    same = run(*replay)
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "captured reads: 2 of 2 served" in same.stdout
+    # the clock is no longer read: the uuid read moves up a line, a different site
+    (tmp_path / "cli_agent.py").write_text(
+        CLI_AGENT.replace("    stamp = time.time()\n", ""), encoding="utf-8"
+    )
+    strict = run(*replay)
+    assert strict.returncode == 1
+    assert "captured read 1 differs from the recording: this run read uuid.uuid4" in strict.stdout
+    lenient = run(*replay, "--captured", "lenient")
+    assert "note: read live (captured='lenient'): captured read 1 differs" in lenient.stdout
+    assert lenient.returncode == 1  # the live uuid changed the call's input
