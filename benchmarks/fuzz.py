@@ -89,6 +89,7 @@ GOLDEN_BUNDLES = {
     "dinner_lisbon.sftrace": (golden_agent.run_dinner_agent, golden_agent.LISBON),
     "dinner_porto_failure.sftrace": (golden_agent.run_dinner_agent, golden_agent.PORTO),
     "dinner_lisbon_async.sftrace": (golden_agent.run_dinner_agent_async, golden_agent.LISBON),
+    "dinner_dated.sftrace": (golden_agent.run_dated_agent, golden_agent.LISBON),
     "legacy_no_fingerprints.sftrace": (golden_agent.run_dinner_agent, golden_agent.LISBON),
     "missing_result.sftrace": (golden_agent.run_dinner_agent, golden_agent.LISBON),
     # the journal a killed process leaves (read like a bundle; regenerate with

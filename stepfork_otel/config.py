@@ -37,6 +37,9 @@ class RecordingSettings:
     preview stay); the local bundle keeps them whole."""
     capture_content: bool = True
     """When False, no payload text goes on spans (fingerprints and sizes do); bundles keep them."""
+    capture: tuple[str, ...] = ()
+    """What runs capture by default (``configure(capture=...)``): clock, randomness, uuid,
+    secrets and environment reads, ``("all",)`` or ``("audit",)``; ``record(capture=...)`` overrides."""
 
 
 class RecordingConfig:

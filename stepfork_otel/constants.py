@@ -23,7 +23,8 @@ INSTRUMENTATION_NAME: Final = "stepfork_otel"
 
 #: Version of the `.sftrace` bundle format this library writes (and the newest it reads; every
 #: older one is read too). 2 added ``output_key_order`` (the order a call returned its keys in);
-#: 3 lets a bundle be written as its run goes (events in the order calls ended, then a trailer).
+#: 3 added ``captured`` (clock, randomness, uuids and environment read by the run) and lets a
+#: bundle be written as its run goes (events in the order calls ended, then a trailer).
 FORMAT_VERSION: Final = 3
 #: Value of the ``format`` field of every bundle.
 FORMAT_NAME: Final = "sftrace"
@@ -264,3 +265,25 @@ DEFAULT_FSYNC_INTERVAL: Final = 1.0
 DEFAULT_FLUSH_INTERVAL: Final = 1.0
 #: Bytes of a run's bundle buffered before they are written whatever the interval.
 FLUSH_BUFFER_BYTES: Final = 1 << 20
+# --- determinism capture: clock, randomness, uuids, environment (recording/determinism.py) ------
+
+#: On a boundary span: JSON list of the nondeterministic reads the run made since the previous
+#: call (each with its source, call site and value); on the run span: the reads after the last call.
+CAPTURED: Final = "stepfork.captured"
+#: On the run span: JSON list of ``{source, module, function, line, count}`` (``capture="audit"``).
+CAPTURED_AUDIT: Final = "stepfork.captured.audit"
+#: On the run span: the capture sources asked for, comma-separated (``time,random`` or ``audit``).
+CAPTURE: Final = "stepfork.capture"
+#: The capture source groups ``record(capture=...)`` accepts (``"all"`` is every one of them).
+CAPTURE_TIME: Final = "time"
+CAPTURE_RANDOM: Final = "random"
+CAPTURE_UUID: Final = "uuid"
+CAPTURE_SECRETS: Final = "secrets"
+CAPTURE_ENV: Final = "env"
+CAPTURE_SOURCES: Final = (CAPTURE_TIME, CAPTURE_RANDOM, CAPTURE_UUID, CAPTURE_SECRETS, CAPTURE_ENV)
+#: ``capture="all"``: every group above; ``capture="audit"``: list the reads, record no values.
+CAPTURE_ALL: Final = "all"
+CAPTURE_AUDIT: Final = "audit"
+#: What a captured read is in a bundle: a served ``value``, a checked ``env`` variable, an
+#: ``audit`` tally (no value).
+CapturedKind = Literal["value", "env", "audit"]

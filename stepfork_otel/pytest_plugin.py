@@ -33,7 +33,9 @@ a fixture and an option, and changes nothing for a test that uses none of them.
   fails. Replay is the strict replay of ``stepfork_replay``: frozen unless the marker says
   otherwise, network guard on, ``verify_complete()`` at the end. The default bundle path is
   ``<test dir>/bundles/<module>/<test>[<params>].sftrace``; ``@pytest.mark.stepfork("x.sftrace")``
-  or ``bundle=`` overrides it, and two tests never share one. The run ends with a summary of the
+  or ``bundle=`` overrides it, and two tests never share one. ``capture=("time", "uuid")`` (any
+  ``record(capture=...)`` value) records the clock/random/uuid reads the test makes, and replay
+  serves them (``captured="lenient"`` reads live where they depart). The run ends with a summary of the
   bundles replayed, recorded, missing and failed, and a warning for any recorded bundle holding the
   value of a secret-looking environment variable. State travels in each test's report
   (``user_properties``), so the summary is whole under pytest-xdist too.
@@ -116,7 +118,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         f"{CASSETTE_MARKER}(bundle=None, mode='frozen', allow_live_tools=(), live_llms=(), "
-        "approve=None, allow_network=(), verify_complete=True): record the test's dependency calls "
+        "approve=None, allow_network=(), verify_complete=True, capture=None, captured='strict'): "
+        "record the test's dependency calls "
         "once into its bundle, replay them from then on (see --stepfork-record-mode)",
     )
     _record_mode(config)  # a bad value is a usage error before any test runs
@@ -150,6 +153,7 @@ def _session_for(item: pytest.Item) -> ReplaySession | None:
     options = dict(marker.kwargs)
     options.pop("verify_complete", None)
     options.pop("bundle", None)
+    options.pop("capture", None)  # what recording captured; replay serves whatever the bundle has
     from stepfork_otel.replay.errors import ReplayError
     from stepfork_otel.replay.session import ReplaySession
     from stepfork_otel.trace.errors import BundleError
@@ -418,7 +422,7 @@ def _recording(item: pytest.Item, cassette: _Cassette) -> Generator[None, object
     temporary.unlink(missing_ok=True)
     entry: dict[str, Any] = {"path": _shown(item.config, target), "nodeid": item.nodeid}
     try:
-        with record(temporary, name=item.name):
+        with record(temporary, name=item.name, capture=cassette.marker.kwargs.get("capture")):
             result = yield
     except BaseException:
         if temporary.exists():

@@ -1,7 +1,8 @@
 """A small deterministic dinner-planning agent: the code the golden bundles (``tests/golden/``)
 were recorded from, and the code the replay tests run against them.
 
-No network, no clock, no randomness: the "LLMs" are scripted and decide from the request they are
+No network, no clock, no randomness (but for ``run_dated_agent``, which reads them the way a
+recording with ``capture=`` replays): the "LLMs" are scripted and decide from the request they are
 given, so a changed prompt or tool changes what the agent does -- which is what replay must catch.
 It exercises what replay has to handle:
 
@@ -23,6 +24,8 @@ import asyncio
 import functools
 import hashlib
 import json
+import random
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -224,6 +227,17 @@ def run_dinner_agent(
             result = tools[name](**json.loads(call["function"]["arguments"]))
             messages.append({"role": "tool", "name": name, "content": canonical_json(result)})
     raise RuntimeError("the agent did not finish in 6 turns")
+
+
+def run_dated_agent(question: str) -> str:
+    """The agent with the date, a request id and a random greeting in its system prompt, as real
+    agents have: the golden run recorded with ``capture=("time", "uuid", "random")``, replayed
+    with the values it read then."""
+    today = datetime.now(timezone.utc).date().isoformat()
+    request = str(uuid.uuid4())
+    greeting = random.choice(["Hello", "Hi", "Welcome"])
+    prompt = f"{PROMPT} {greeting}, today is {today} (request {request})."
+    return run_dinner_agent(question, system_prompt=prompt)
 
 
 # --- the async twin --------------------------------------------------------------------------------

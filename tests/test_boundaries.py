@@ -91,14 +91,15 @@ def test_bare_tool_span_names_kind_and_attributes(recording: Recording, tmp_path
     assert a[k.REPLAY_POLICY] == "replayable"
     assert a[k.STATUS] == k.STATUS_OK
     assert a[k.CALL_SEQ] == 1
-    assert a[k.INPUT] == '{"city":"Paris","max_results":5}'
-    assert a[k.INPUT_VALUE] == a[k.INPUT]
+    # each payload travels once: as the OpenInference value, which is the canonical text here
+    assert k.INPUT not in a
+    assert k.OUTPUT not in a
+    assert a[k.INPUT_VALUE] == '{"city":"Paris","max_results":5}'
     assert a[k.INPUT_MIME_TYPE] == k.MIME_JSON
-    assert a[k.INPUT_SHA256] == sha(a[k.INPUT])
-    assert a[k.INPUT_SIZE] == len(a[k.INPUT])
-    assert a[k.OUTPUT] == '[{"city":"Paris","n":0},{"city":"Paris","n":1}]'
-    assert a[k.OUTPUT_VALUE] == a[k.OUTPUT]
-    assert a[k.OUTPUT_SHA256] == sha(a[k.OUTPUT])
+    assert a[k.INPUT_SHA256] == sha(a[k.INPUT_VALUE])
+    assert a[k.INPUT_SIZE] == len(a[k.INPUT_VALUE])
+    assert a[k.OUTPUT_VALUE] == '[{"city":"Paris","n":0},{"city":"Paris","n":1}]'
+    assert a[k.OUTPUT_SHA256] == sha(a[k.OUTPUT_VALUE])
     assert len(a) <= 32  # far below the SDK's default limit of 128
     assert span.status.status_code is StatusCode.UNSET
     root = only_span(recording, "invoke_agent booker")
@@ -160,8 +161,9 @@ async def test_async_tool(recording: Recording, tmp_path: Path) -> None:
         run.set_output(result)
     assert result == {"url": "https://example.test/x", "retries": 2}
     a = attrs(only_span(recording, "execute_tool fetch"))
-    assert a[k.INPUT] == '{"retries":2,"url":"https://example.test/x"}'
-    assert a[k.OUTPUT] == '{"retries":2,"url":"https://example.test/x"}'
+    assert a[k.INPUT_VALUE] == '{"retries":2,"url":"https://example.test/x"}'
+    assert a[k.OUTPUT] == '{"retries":2,"url":"https://example.test/x"}'  # canonical: sorted
+    assert a[k.OUTPUT_VALUE] == '{"url":"https://example.test/x","retries":2}'  # as returned
     trace = Trace.load(tmp_path / "a.sftrace")
     assert [e.type for e in trace.events] == ["tool_call", "tool_result"]
     assert trace.run.output == a[k.OUTPUT]
@@ -501,7 +503,7 @@ def test_size_cap_leaves_payload_off_the_span_but_whole_in_the_bundle(
     a = attrs(only_span(recording, "execute_tool big"))
     full = canonical_json(BIG)
     assert len(full) > 200
-    assert a[k.INPUT] == '{"n":1}'  # small payloads stay
+    assert a[k.INPUT_VALUE] == '{"n":1}'  # small payloads stay
     assert k.OUTPUT not in a
     assert k.OUTPUT_VALUE not in a
     assert a[k.OUTPUT_OMITTED] == k.OMITTED_SIZE_CAP
@@ -558,8 +560,9 @@ def test_attribute_length_limit_truncates_spans_never_the_bundle(
     full = canonical_json(BIG)
     spans = limited.exporter.get_finished_spans()
     a = attrs(next(s for s in spans if s.name == "execute_tool big"))
-    assert len(a[k.OUTPUT]) == 80
-    assert full.startswith(a[k.OUTPUT])
+    assert k.OUTPUT not in a  # sorted already: the payload travels once, as output.value
+    assert len(a[k.OUTPUT_VALUE]) == 80
+    assert full.startswith(a[k.OUTPUT_VALUE])
     assert a[k.OUTPUT_SHA256] == sha(full)
 
     local = Trace.load(path)  # the local bundle holds everything whole (hand-off)
@@ -624,7 +627,7 @@ def test_record_to_a_file_stores_input_redacted_and_output(
     assert '"abc"' not in path.read_text()
     root = only_span(recording, "invoke_agent agent")
     assert SECRET not in repr(attrs(root))
-    assert attrs(root)[k.INPUT] == trace.run.input
+    assert attrs(root)[k.INPUT_VALUE] == trace.run.input
 
 
 def test_record_into_a_directory_names_the_bundle_by_trace_id(

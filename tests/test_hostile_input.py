@@ -275,7 +275,7 @@ def test_a_payload_with_a_raw_line_break_imports_as_missing_and_saves(
     span = _tool_span(otlp_line)
     text = '"LIS\nBON"'
     for attribute in span["attributes"]:
-        if attribute["key"] == "stepfork.output":
+        if attribute["key"] == "output.value":  # where the payload travels (once)
             attribute["value"] = {"stringValue": text}
         if attribute["key"] == "stepfork.output.sha256":
             attribute["value"] = {"stringValue": hashlib.sha256(text.encode()).hexdigest()}
@@ -285,7 +285,7 @@ def test_a_payload_with_a_raw_line_break_imports_as_missing_and_saves(
     path.write_bytes(orjson.dumps(otlp_line) + b"\n")
     report = ImportReport()
     (trace,) = iter_traces_from_otlp_json(path, report=report)
-    assert "stepfork.output is not canonical JSON text" in str(report.problems[0])
+    assert "output.value is not canonical JSON text" in str(report.problems[0])
     result = trace.outcome_of(trace.calls[0])
     assert isinstance(result, ToolResult)
     assert result.output is None

@@ -280,3 +280,60 @@ def test_a_secret_from_the_environment_in_a_recorded_bundle_is_warned_about(
     assert (
         "WARNING: bundles/test_leak/test_leaks.sftrace contains the value of $INTERNAL_TOKEN"
     ) in run.stdout
+
+
+DATED_TESTS = """
+import datetime
+import uuid
+
+import openai
+import pytest
+
+from agent import URL, refund
+
+
+def dated_agent() -> str:
+    today = datetime.datetime.now().isoformat()
+    client = openai.OpenAI(base_url=URL, api_key="sk-test", max_retries=0)
+    reply = client.chat.completions.create(
+        model="gpt-4o",
+        messages=[
+            {"role": "system", "content": f"Today is {today}; request {uuid.uuid4()}"},
+            {"role": "user", "content": "Refund order 5"},
+        ],
+    )
+    return str(reply.choices[0].message.content) + " / " + refund(5)
+
+
+@pytest.mark.stepfork(capture=("time", "uuid"))
+def test_dated_with_capture():
+    assert "refunded" in dated_agent()
+
+
+@pytest.mark.stepfork
+def test_dated_without_capture():
+    assert "refunded" in dated_agent()
+"""
+
+
+def test_the_marker_captures_the_clock_and_uuids_the_test_reads(
+    project: Path, llm: FakeLLM
+) -> None:
+    (project / "test_dated.py").write_text(DATED_TESTS)
+    recorded = pytest_run(
+        project, "test_dated.py", "--stepfork-record-mode=once", url=llm.openai_url
+    )
+    assert recorded.returncode == 0, recorded.stdout
+    trace = Trace.load(project / "bundles/test_dated/test_dated_with_capture.sftrace")
+    assert [r.source for r in trace.captured] == ["datetime.now", "uuid.uuid4"]
+    assert trace.run.capture == ["time", "uuid"]
+    llm.stop()
+
+    replayed = pytest_run(project, "test_dated.py")  # a later clock, the server gone
+    assert replayed.returncode == 1
+    assert "1 failed, 1 passed" in replayed.stdout  # only the test recorded without capture
+    assert "FAILED test_dated.py::test_dated_without_capture" in replayed.stdout
+    assert "the run read values the recording did not capture: uuid.uuid4 at test_dated:" in (
+        replayed.stdout
+    )
+    assert "1 replayed, 1 failed replay" in replayed.stdout

@@ -220,7 +220,7 @@ def test_stepfork_spans_pass_through_unchanged(recording: Any) -> None:
 
     lookup("Paris")
     (span,) = recording.exporter.get_finished_spans()
-    assert dict(span.attributes or {})["stepfork.input"] == '{"city":"Paris"}'
+    assert dict(span.attributes or {})["input.value"] == '{"city":"Paris"}'
 
 
 def test_readable_span_fields_the_processor_replaces_exist() -> None:

@@ -88,6 +88,17 @@ def test_recorded_failure_is_replayed_as_recorded_dependency_error() -> None:
     assert (failed.name, failed.action, failed.status) == ("book_table", "substituted", "error")
 
 
+def test_the_dated_agent_replays_the_date_uuid_and_greeting_it_read() -> None:
+    trace = Trace.load(golden("dinner_dated"))
+    assert [r.source for r in trace.captured] == ["datetime.now", "uuid.uuid4", "random.choice"]
+    with ReplaySession.from_trace(golden("dinner_dated")) as replay:
+        answer = agent.run_dated_agent(agent.LISBON)
+    replay.verify_complete()
+    assert answer == "Booked Taberna do Mar, reference TBL-0042."
+    assert agent.BODY_CALLS == {}
+    assert replay.summary.reads.served == 3
+
+
 async def test_async_agent_replays_frozen() -> None:
     async with ReplaySession.from_trace(golden("dinner_lisbon_async")) as replay:
         answer = await agent.run_dinner_agent_async(agent.LISBON)
@@ -320,6 +331,7 @@ def test_golden_bundles_are_all_used() -> None:
     # every bundle the script writes is exercised above; a new one needs a test
     names = {p.stem for p in GOLDEN.glob("*.sftrace")}
     assert names == {
+        "dinner_dated",
         "dinner_lisbon",
         "dinner_lisbon_async",
         "dinner_porto_failure",

@@ -100,7 +100,7 @@ def test_every_replayed_input_is_redacted_and_one_equal_to_its_recording_not_has
     replay_spans = [
         s for s in recording.exporter.get_finished_spans() if s.attributes.get(k.REPLAY_MODE)
     ]
-    assert [s.attributes[k.INPUT] for s in replay_spans] == recorded
+    assert [s.attributes[k.INPUT_VALUE] for s in replay_spans] == recorded
     assert SECRET not in str([dict(s.attributes) for s in replay_spans])
 
 
@@ -123,7 +123,7 @@ def fetch(repo: str, note: str) -> str:
 
 def _replay_span_inputs(recording: Recording) -> list[Any]:
     return [
-        s.attributes.get(k.INPUT)
+        s.attributes.get(k.INPUT_VALUE)  # an input travels once, as OpenInference's value
         for s in recording.exporter.get_finished_spans()
         if s.attributes and s.attributes.get(k.REPLAY_MODE)
     ]

@@ -121,6 +121,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="with --mode hybrid: an LLM that runs again ('provider/model', 'provider/*' or "
         "'model'; repeat for more)",
     )
+    parser.add_argument(
+        "--captured",
+        choices=("strict", "lenient"),
+        default="strict",
+        help="a clock/random/uuid read that departs from the recording: strict (default) "
+        "fails at the read, lenient reads live and notes it",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     add_common_arguments(parser)
 
@@ -451,6 +458,7 @@ def run(args: argparse.Namespace) -> int:
             live_llms=args.live_llms,
             approve=approve,
             allow_network=allow_network,
+            captured=args.captured,
             source=args.trace,
         )
     except BundleError as exc:  # tampered bundle

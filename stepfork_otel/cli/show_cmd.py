@@ -11,7 +11,11 @@ tampered bundle can still be looked at. Colour only on a terminal; every line is
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
 import sys
+
+import orjson
 
 from stepfork_otel.cli._common import (
     Style,
@@ -22,9 +26,11 @@ from stepfork_otel.cli._common import (
     load_bundle,
 )
 from stepfork_otel.replay.report import report_preview
+from stepfork_otel.trace.canonical import short_fingerprint
 from stepfork_otel.trace.errors import one_line
 from stepfork_otel.trace.models import (
     CallEvent,
+    CapturedRead,
     ErrorEvent,
     OutcomeEvent,
     ToolCall,
@@ -196,9 +202,62 @@ def call_tree(trace: Trace, style: Style, verbose: bool) -> list[str]:
     return lines
 
 
+def _read_value(read: CapturedRead, verbose: bool) -> str:
+    """A captured value as people read it: clock readings also as a UTC date."""
+    value = read.value
+    if read.source in ("time.time", "time.time_ns") and isinstance(value, (int, float)):
+        seconds = value / 1e9 if read.source == "time.time_ns" else value
+        with contextlib.suppress(OverflowError, OSError, ValueError):
+            when = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+            return f"{value} ({when.isoformat(sep=' ', timespec='milliseconds')})"
+    if read.source.startswith("random.") and isinstance(value, list):
+        return f"{len(value)} draw(s)" + (f" {value}" if verbose else "")
+    return report_preview(orjson.dumps(value).decode(), verbose, limit=60)
+
+
+def captured_lines(trace: Trace, style: Style, verbose: bool) -> list[str]:
+    """The captured reads: served values, checked environment variables, an audit's tally."""
+    values = [r for r in trace.captured if r.kind == "value"]
+    env = [r for r in trace.captured if r.kind == "env"]
+    audit = [r for r in trace.captured if r.kind == "audit"]
+    lines: list[str] = []
+    if trace.run.capture and not trace.captured:
+        lines.append(f"captured ({', '.join(trace.run.capture)}): no reads")
+    if values or env:
+        what = ", ".join(trace.run.capture or ()) or "reads"
+        lines.append(style.bold(f"captured ({what}): {len(values)} value(s), {len(env)} env"))
+    for read in values:
+        when = (
+            "after the last call" if read.before_call is None else f"before call-{read.before_call}"
+        )
+        lines.append(
+            f"  read {read.index:<3} {read.source:<16} {_read_value(read, verbose)}"
+            f"  at {read.site}, {when}"
+        )
+    for read in env:
+        state = (
+            "unset"
+            if read.sha256 is None
+            else f"sha256 {short_fingerprint(read.sha256, verbose=verbose)}"
+        )
+        lines.append(f"  env  {read.name}  {state}  (checked, not served)  at {read.site}")
+    if audit:
+        total = sum(r.count or 0 for r in audit)
+        lines.append(
+            style.bold(f"audit: {total} nondeterministic read(s) at {len(audit)} site(s)")
+            + " (no values recorded; capture them with record(..., capture=...))"
+        )
+        lines.extend(f"  {r.source:<16} x{r.count or 0:<4} at {r.site}" for r in audit)
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     trace = load_bundle(args.trace)
     style = Style(sys.stdout)
-    lines = [*run_lines(trace, style, args.verbose), *call_tree(trace, style, args.verbose)]
+    lines = [
+        *run_lines(trace, style, args.verbose),
+        *call_tree(trace, style, args.verbose),
+        *captured_lines(trace, style, args.verbose),
+    ]
     print("\n".join(style.line(line) for line in lines))
     return 0

@@ -71,6 +71,7 @@ from stepfork_otel.trace import grouping
 from stepfork_otel.trace.bundle import BundleEncoder, bundle_file_name
 from stepfork_otel.trace.conversion import (
     SpanRecord,
+    captured_reads,
     context_span,
     replay_mode_of,
     run_info,
@@ -202,6 +203,10 @@ class _Live:
     """(call number, mode) of the first call that said it was replayed."""
     lost: int = 0
     """Spans whose events could not be written (an internal error, logged)."""
+    captured: list[SpanRecord] = field(default_factory=list)
+    """Of each call span that carried captured reads, its span id and those reads (small)."""
+    captured_seq: dict[str, int] = field(default_factory=dict)
+    """The call number of each span in ``captured``."""
 
 
 class SftraceSpanProcessor(SpanProcessor):
@@ -412,7 +417,23 @@ class SftraceSpanProcessor(SpanProcessor):
                             mode = replay_mode_of(record)
                             if mode is not None:
                                 live.replay_mode = (call[1], mode)
-                        live.appender.append(live.encoder.events(events))
+                        data = live.encoder.events(events)
+                        reads = record.attributes.get(k.CAPTURED)
+                        if reads is not None:  # kept for the trailer, and on disk at once
+                            live.captured.append(
+                                SpanRecord(
+                                    record.trace_id,
+                                    record.span_id,
+                                    None,
+                                    "",
+                                    attributes={k.CAPTURED: reads},
+                                )
+                            )
+                            live.captured_seq[record.span_id] = call[1]
+                            data += live.encoder.captured(
+                                captured_reads(live.captured[-1:], live.captured_seq)[0]
+                            )
+                        live.appender.append(data)
                     elif record.stepfork_kind is None:
                         live.context.append(context_span(record, self.config.settings.redactor))
                     written = True
@@ -465,6 +486,9 @@ class SftraceSpanProcessor(SpanProcessor):
         if reason is None and live.lost:
             reason = f"{live.lost} span(s) could not be written (internal error, logged)"
         mode = None if live.replay_mode is None else live.replay_mode[1]
+        captured, unreadable = captured_reads([*live.captured, run], live.captured_seq)
+        if reason is None and unreadable:
+            reason = f"{unreadable} captured read(s) could not be read from their spans"
         final = Trace(
             trace_id=run.trace_id,
             complete=reason is None,
@@ -472,6 +496,7 @@ class SftraceSpanProcessor(SpanProcessor):
             dropped_spans=dropped,
             run=run_info(run, mode),
             context=sorted(live.context, key=lambda c: (c.start_time_unix_nano, c.span_id)),
+            captured=captured,
         )
         data = live.encoder.events(events) + live.encoder.trailer(final)
         if live.appender.close(data, timeout=timeout):

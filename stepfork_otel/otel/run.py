@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from contextvars import Token
 from pathlib import Path
 from types import TracebackType
@@ -24,6 +25,7 @@ from stepfork_otel._internal import handle_internal_errors
 from stepfork_otel._version import __version__
 from stepfork_otel.config import CONFIG
 from stepfork_otel.otel.setup import ensure_bundle_processor
+from stepfork_otel.recording import determinism
 from stepfork_otel.recording.spans import (
     call_start_time,
     current_run,
@@ -51,7 +53,12 @@ class RunRecorder:
         keep: bool = False,
         flush_interval: float | None = None,
         fsync_interval: float | None = None,
+        capture: str | Iterable[str] | None = None,
     ) -> None:
+        self._groups, self._audit = determinism.capture_groups(
+            CONFIG.settings.capture if capture is None else capture
+        )
+        self._capture: tuple[determinism.CaptureRun, object] | None = None
         self._destination = destination
         self._durability = {"flush_interval": flush_interval, "fsync_interval": fsync_interval}
         self._input = input
@@ -112,6 +119,10 @@ class RunRecorder:
             attributes[k.RUN_ENTRYPOINT] = self.entrypoint
         if self._keep:
             attributes[k.RUN_KEEP] = True
+        if self._groups or self._audit:
+            attributes[k.CAPTURE] = (
+                k.CAPTURE_AUDIT if self._audit else ",".join(sorted(self._groups))
+            )
         span = CONFIG.tracer().start_span(
             f"{k.OP_INVOKE_AGENT} {self.name}",
             kind=SpanKind.INTERNAL,
@@ -123,6 +134,8 @@ class RunRecorder:
         self._span = span
         self._token = context_api.attach(trace_api.set_span_in_context(span))
         self._run_token = current_run.set(span)
+        with handle_internal_errors("starting the determinism capture"):
+            self._capture = determinism.start_run(self._groups, self._audit)
         span_context = span.get_span_context()
         self.trace_id = format(span_context.trace_id, "032x")
         with handle_internal_errors("recording the run input"):
@@ -153,6 +166,8 @@ class RunRecorder:
         if span is None:
             return
         self._span = None
+        with handle_internal_errors("recording the run's captured reads"):
+            self._end_capture(span)
         with handle_internal_errors("recording the run outcome"):
             if self._output is not _UNSET:
                 write_payload(span, k.OUTPUT, capture(self._output, CONFIG.settings.redactor))
@@ -170,6 +185,22 @@ class RunRecorder:
             end_span(span)  # the processor writes the bundle here
         if self.path is not None and not self.path.exists():
             self.path = None
+
+    def _end_capture(self, span: Span) -> None:
+        """The reads after the run's last call (and an audit's tally) go on the run span."""
+        started, self._capture = self._capture, None
+        if started is None:
+            return
+        capture = started[0]
+        try:
+            reads = capture.take()
+            if reads is not None:
+                span.set_attribute(k.CAPTURED, reads)
+            tally = capture.audit_json()
+            if tally is not None:
+                span.set_attribute(k.CAPTURED_AUDIT, tally)
+        finally:
+            determinism.stop_run(started)
 
     async def __aenter__(self) -> RunRecorder:
         return self.__enter__()
@@ -192,6 +223,7 @@ def record(
     keep: bool = False,
     flush_interval: float | None = None,
     fsync_interval: float | None = None,
+    capture: str | Iterable[str] | None = None,
 ) -> RunRecorder:
     """Record one run into a bundle.
 
@@ -201,6 +233,14 @@ def record(
     with no prior configuration: when no SDK ``TracerProvider`` is set, the embedded default is
     installed. ``flush_interval`` / ``fsync_interval``: this run's, instead of ``configure()``'s
     (the bundle is written as the run goes; see ``configure``).
+    installed.
+
+    ``capture`` records what the run's own code reads of the clock, randomness and the
+    environment, so that a replay serves the same values and checks where they were asked for:
+    any of ``"time"``, ``"random"``, ``"uuid"``, ``"secrets"`` (``os.urandom``,
+    ``secrets.token_*``), ``"env"`` (names and fingerprints only, checked, never served), or
+    ``"all"``; ``"audit"`` records no values but lists every such read (``stepfork show``).
+    None: what ``configure(capture=...)`` set (nothing by default). See ``docs/replay.md``.
     """
     return RunRecorder(
         destination,
@@ -210,4 +250,5 @@ def record(
         keep=keep,
         flush_interval=flush_interval,
         fsync_interval=fsync_interval,
+        capture=capture,
     )

@@ -29,7 +29,7 @@ import inspect
 import logging
 import math
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from opentelemetry import trace as trace_api
@@ -39,6 +39,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from stepfork_otel.config import CONFIG
 from stepfork_otel.otel.processor import SftraceSpanProcessor
 from stepfork_otel.otel.redacting import enable_span_redaction
+from stepfork_otel.recording.determinism import capture_groups
 from stepfork_otel.trace.redaction import Redactor
 
 logger = logging.getLogger("stepfork_otel")
@@ -108,6 +109,7 @@ def configure(
     redact_all_spans: bool | None = None,
     flush_interval: float | None = None,
     fsync_interval: float | None = None,
+    capture: str | Iterable[str] | None = None,
 ) -> SftraceSpanProcessor:
     """Attach stepfork to OpenTelemetry and set recording options; returns the bundle processor.
 
@@ -125,6 +127,9 @@ def configure(
     wait in memory before its run's bundle, written as the run goes, has it on disk (what a
     ``SIGKILL`` can lose); ``fsync_interval`` (default 1 s; 0: every write; ``math.inf``: never)
     what a power cut can lose on top (see ``docs/guarantees.md``).
+    ``capture``: what every run captures unless ``record(capture=...)`` says otherwise --
+    ``"time"``, ``"random"``, ``"uuid"``, ``"secrets"``, ``"env"``, ``"all"`` or ``"audit"`` (see
+    :mod:`stepfork_otel.recording.determinism`); ``()`` captures nothing again.
     """
     for name, cap in (
         ("max_open_traces", max_open_traces),
@@ -151,6 +156,9 @@ def configure(
         changes["max_span_payload_bytes"] = max_span_payload_bytes
     if capture_content is not None:
         changes["capture_content"] = capture_content
+    if capture is not None:
+        capture_groups(capture)  # a wrong name is refused here, not at the first run
+        changes["capture"] = (capture,) if isinstance(capture, str) else tuple(capture)
     if changes:
         CONFIG.update(**changes)
     if redact_all_spans:

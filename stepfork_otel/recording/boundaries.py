@@ -45,6 +45,7 @@ from stepfork_otel.recording.contract import (
     Replayer,
     current_session,
 )
+from stepfork_otel.recording.determinism import mark_body, take_pending
 from stepfork_otel.recording.handoff import HANDOFF
 from stepfork_otel.recording.spans import (
     call_start_time,
@@ -202,6 +203,9 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
         else:
             seq, start = 1, call_start_time()
         prepared.attributes[k.CALL_SEQ] = seq
+        captured = take_pending()  # the run's clock/random reads since its previous call
+        if captured is not None:
+            prepared.attributes[k.CAPTURED] = captured
         try:
             prepared.attributes.update(span_payload_attributes(k.INPUT, prepared.call.input))
         except Exception:
@@ -217,7 +221,7 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
         if body:
             if not parent.is_valid:
                 first_call_of_trace(span.get_span_context().trace_id)
-            token = context_api.attach(trace_api.set_span_in_context(span))
+            token = context_api.attach(mark_body(trace_api.set_span_in_context(span)))
     except Exception:
         if span is not None:  # started, then something failed: end it, nothing runs in it
             with contextlib.suppress(Exception):  # (logged there; the first failure is raised)

@@ -30,9 +30,10 @@ is handed that session, which refuses the call (``ReplaySessionError``) and reco
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from stepfork_otel.constants import ACTION_SUBSTITUTED, DecidedAction
 from stepfork_otel.trace.payload import Payload
@@ -96,6 +97,21 @@ class ReplayDecision:
         return RuntimeError(f"{error_type}: {message}")
 
 
+class Site(NamedTuple):
+    """Where the run's code read the clock, randomness, a uuid or the environment: the module,
+    the function (qualified name) and the line (``recording/determinism.py``)."""
+
+    module: str
+    function: str
+    line: int
+    offset: int = 0
+    """Lines from the start of the function (what replay compares: an edit elsewhere in the file
+    moves ``line``, not this)."""
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.function}:{self.line}"
+
+
 class Replayer(Protocol):
     """What a boundary needs of a replay session."""
 
@@ -111,6 +127,23 @@ class Replayer(Protocol):
         """Decide a call before its body could run; raises a replay error to refuse it."""
         ...
 
+    def serve_read(self, group: str, source: str, site: Site) -> tuple[bool, Any]:
+        """A read of a captured source (``group`` ``time``, ``random``, ...) by the run's code at
+        ``site``: ``(True, recorded JSON value)`` to serve it, ``(False, None)`` to read live (the
+        recording did not capture the group, or a lenient session after a mismatch). Raises a
+        replay error when the read departs from the recording."""
+        ...
+
+    @property
+    def serves_reads(self) -> bool:
+        """Whether the recording captured values this session serves."""
+        ...
+
+    def read_diverged(self, source: str, site: Site, reason: str) -> BaseException:
+        """The error to raise when a served read could not be reproduced (a random function
+        that drew differently); the session records it."""
+        ...
+
 
 class SessionSlot:
     """The active replay session: the one in this context, else (to be refused) one active in the
@@ -120,6 +153,13 @@ class SessionSlot:
         self._var: ContextVar[Replayer | None] = ContextVar("stepfork_replay_session", default=None)
         self._lock = threading.Lock()
         self._active: list[Replayer] = []
+        self._listeners: list[Callable[[Replayer, bool], None]] = []
+
+    def add_listener(self, listener: Callable[[Replayer, bool], None]) -> None:
+        """Call ``listener(session, True)`` when a session becomes active and
+        ``listener(session, False)`` when it stops (the determinism capture installs its
+        interception for a session's life)."""
+        self._listeners.append(listener)
 
     def get(self) -> Replayer | None:
         """The session a boundary must consult (None: not replaying, record as usual)."""
@@ -137,14 +177,21 @@ class SessionSlot:
         """Make ``session`` the active one in this context and in the process."""
         with self._lock:
             self._active.append(session)
-        return self._var.set(session)
+        token = self._var.set(session)
+        for listener in self._listeners:
+            listener(session, True)
+        return token
 
     def reset(self, token: Token[Replayer | None], session: Replayer) -> None:
         """Undo :meth:`set` (same context) and mark ``session`` no longer active."""
         with self._lock:
-            if session in self._active:
+            active = session in self._active
+            if active:
                 self._active.remove(session)
         self._var.reset(token)
+        if active:
+            for listener in self._listeners:
+                listener(session, False)
 
 
 current_session = SessionSlot()

@@ -132,6 +132,12 @@ class ReplayError(Exception):
         """Hybrid/live: the last LLM call that ran live before this divergence."""
         super().__init__(self._build_message())
 
+    def add_details(self, lines: list[str]) -> None:
+        """Append detail lines (the message is rebuilt with them)."""
+        if lines:
+            self.details.extend(lines)
+            self.args = (self._build_message(),)
+
     @property
     def fingerprints(self) -> dict[str, str | None]:
         """The fingerprints involved, by role (full SHA-256 hex digests)."""

@@ -108,6 +108,11 @@ def _headline(result: ReplayResult, recorded_calls: int) -> str:
         return f"DIVERGED ({result.pending} of {recorded_calls} recorded calls never made{skipped})"
     if first is not None:
         return f"DIVERGED ({matched} of {recorded_calls} recorded calls matched{skipped})"
+    if result.reads.left_over:
+        return (
+            f"DIVERGED ({len(result.reads.left_over)} of {result.reads.recorded} captured reads "
+            "never made)"
+        )
     return (
         f"MATCHED ({matched} of {recorded_calls} recorded calls matched{skipped}, none left over)"
     )
@@ -173,6 +178,18 @@ def _divergence_lines(error: ReplayError, verbose: bool, indent: str) -> list[st
     return out
 
 
+def _read_lines(result: ReplayResult, indent: str) -> list[str]:
+    """The captured clock/random/uuid reads: how many were served, which were never made, and
+    the notes (environment differences, reads taken live)."""
+    reads = result.reads
+    lines: list[str] = []
+    if reads.recorded:
+        lines.append(f"{indent}captured reads: {reads.served} of {reads.recorded} served")
+    lines.extend(f"{indent}  not read: {entry}" for entry in reads.left_over)
+    lines.extend(f"{indent}note: {note}" for note in reads.notes)
+    return lines
+
+
 def format_report(
     result: ReplayResult,
     recorded_calls: int,
@@ -217,6 +234,7 @@ def format_report(
     verdict, _, rest = _headline(result, recorded_calls).partition(" ")
     lines = [style.bold(heading) + style.status(verdict) + f" {rest}"]
     lines += _call_lines(result, style, indent)
+    lines += _read_lines(result, indent)
     first = result.first_divergence
     if first is not None:
         lines += _divergence_lines(first, verbose, indent)
@@ -248,5 +266,11 @@ def report_data(result: ReplayResult, recorded_calls: int) -> dict[str, Any]:
         ],
         "not_reached": [rc.event.id for rc in result.pending_calls],
         "skipped": [rc.event.id for rc in result.skipped],
+        "captured_reads": {
+            "recorded": result.reads.recorded,
+            "served": result.reads.served,
+            "not_read": list(result.reads.left_over),
+            "notes": list(result.reads.notes),
+        },
         "first_divergence": None if first is None else first.to_dict(),
     }

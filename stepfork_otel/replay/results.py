@@ -34,6 +34,7 @@ from stepfork_otel.replay.errors import (
     ReplaySessionError,
 )
 from stepfork_otel.replay.plan import RecordedCall
+from stepfork_otel.replay.reads import NO_READS, ReadsSummary
 from stepfork_otel.trace.canonical import short_fingerprint
 from stepfork_otel.trace.models import call_label, label, payload_value
 from stepfork_otel.trace.payload import exception_message
@@ -115,6 +116,8 @@ class ReplayResult:
     """Recorded calls inside substituted calls: not made, because those bodies did not run."""
     errors: tuple[ReplayError, ...]
     """Every replay error raised, including those the agent caught."""
+    reads: ReadsSummary = NO_READS
+    """The captured clock/random/uuid reads: served, left over, and notes (environment)."""
 
     @property
     def pending(self) -> int:
@@ -123,7 +126,7 @@ class ReplayResult:
 
     @property
     def ok(self) -> bool:
-        return not self.errors and not self.pending_calls
+        return not self.errors and not self.pending_calls and not self.reads.left_over
 
     @property
     def first_divergence(self) -> ReplayError | None:
@@ -179,6 +182,7 @@ def summarise(
     calls: Sequence[ReplayedCall],
     plan: Sequence[RecordedCall],
     errors: Sequence[ReplayError],
+    reads: ReadsSummary | None = None,
 ) -> ReplayResult:
     """A frozen copy of the session's bookkeeping (the notes lists are copied too)."""
     return ReplayResult(
@@ -187,6 +191,7 @@ def summarise(
         pending_calls=tuple(pending_calls(plan)),
         skipped=tuple(rc for rc in plan if rc.state == "skipped"),
         errors=tuple(errors),
+        reads=reads if reads is not None else NO_READS,
     )
 
 

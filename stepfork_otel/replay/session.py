@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal
 
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
@@ -48,7 +48,13 @@ from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors
 from stepfork_otel.config import CONFIG
 from stepfork_otel.constants import ACTION_EXECUTED, ACTION_REJECTED, ACTION_SUBSTITUTED
-from stepfork_otel.recording.contract import BoundaryCall, ReplayDecision, Replayer, current_session
+from stepfork_otel.recording.contract import (
+    BoundaryCall,
+    ReplayDecision,
+    Replayer,
+    Site,
+    current_session,
+)
 from stepfork_otel.replay import decisions, matching, results
 from stepfork_otel.replay.decisions import Approver, Verdict, parse_mode
 from stepfork_otel.replay.errors import (
@@ -61,6 +67,7 @@ from stepfork_otel.replay.errors import (
 )
 from stepfork_otel.replay.network import GuardToken, LiveToken, NetworkGuard
 from stepfork_otel.replay.plan import RecordedCall, build_plan, descendants
+from stepfork_otel.replay.reads import ReadServer, parse_policy
 from stepfork_otel.replay.results import Action, LiveLlm, ReplayedCall, ReplayResult
 from stepfork_otel.replay.substitution import Substitution, substitute
 from stepfork_otel.trace.bundle import gc_paused, load_any
@@ -174,7 +181,10 @@ class ReplaySession:
     needs an approval (every call in ``manual`` mode; calls recorded with policy ``manual`` or
     ``forbidden``); return True to allow it. ``allow_network``: ``"host"`` or ``"host:port"``
     entries that code outside the boundaries may still connect to while the session is active
-    (everything else is refused: see :mod:`stepfork_otel.replay.network`).
+    (everything else is refused: see :mod:`stepfork_otel.replay.network`). ``captured``: what a
+    read of the clock, randomness or a uuid that departs from the recording does -- ``strict``
+    (default) raises :class:`ReplayMismatchError` naming both call sites, ``lenient`` reads live
+    and notes it (see :mod:`stepfork_otel.replay.reads`).
 
     Raises :class:`ReplayModeError` for an unknown/reserved mode or options that do not fit the
     mode, :class:`~stepfork_otel.trace.bundle.BundleError` for an inconsistent trace and
@@ -190,12 +200,14 @@ class ReplaySession:
         live_llms: Iterable[str] = (),
         approve: Approver | None = None,
         allow_network: Iterable[str] = (),
+        captured: str = "strict",
         source: str | None = None,
         _structure_checked: bool = False,
     ) -> None:
         if not isinstance(trace, Trace):
             raise TypeError(f"expected a Trace, got {type(trace).__name__}")
         self.mode = parse_mode(mode)
+        captured_policy = parse_policy(captured)
         self.allow_live_tools = decisions.names(allow_live_tools, "allow_live_tools")
         self.live_llms = decisions.names(live_llms, "live_llms")
         decisions.check_options(self.mode, self.allow_live_tools, self.live_llms)
@@ -208,6 +220,7 @@ class ReplaySession:
         with gc_paused():
             self._plan = _checked_plan(trace, source, _structure_checked)
         decisions.check_selectors(self.live_llms, self._plan)
+        self._reads = ReadServer(trace, captured_policy)
         self._cursor = 0
         self._calls: list[ReplayedCall] = []
         self._errors: list[ReplayError] = []
@@ -231,6 +244,7 @@ class ReplaySession:
         live_llms: Iterable[str] = (),
         approve: Approver | None = None,
         allow_network: Iterable[str] = (),
+        captured: str = "strict",
     ) -> ReplaySession:
         """A session over a bundle path or an in-memory :class:`Trace`.
 
@@ -243,6 +257,7 @@ class ReplaySession:
             parse_mode(mode), allow_live_tools, live_llms
         )  # before reading anything
         allow_network = NetworkGuard(allow_network).allow  # validated before reading, too
+        parse_policy(captured)
         trace = load_any(source)
         return cls(
             trace,
@@ -251,6 +266,7 @@ class ReplaySession:
             live_llms=live_llms,
             approve=approve,
             allow_network=allow_network,
+            captured=captured,
             source=None if isinstance(source, Trace) else str(source),
             _structure_checked=not isinstance(source, Trace),  # load_trace checked it
         )
@@ -275,6 +291,8 @@ class ReplaySession:
             self._network_token = None
             raise
         self._state = "active"
+        with self._lock:
+            self._reads.environment_notes()
         self._token = current_session.set(self)
         return self
 
@@ -349,17 +367,55 @@ class ReplaySession:
     def summary(self) -> ReplayResult:
         """A frozen :class:`ReplayResult` of what happened so far."""
         with self._lock:
-            return results.summarise(self.mode, self._calls, self._plan, self._errors)
+            return results.summarise(
+                self.mode, self._calls, self._plan, self._errors, self._reads.summary()
+            )
 
     def verify_complete(self) -> None:
-        """Raise :class:`ReplayMismatchError` if recorded calls were left unconsumed, or if the run
-        diverged at a call and the agent caught the error."""
+        """Raise :class:`ReplayMismatchError` if recorded calls or captured reads were left
+        unconsumed, or if the run diverged (at a call or a read) and the agent caught the error."""
         with self._lock:
             error = results.incomplete_error(self.pending_calls, self._divergences)
+            reads = self._reads.leftover_error()
+            if error is None:
+                error = reads
+            elif reads is not None:
+                error.add_details([reads.reason, *reads.details])
             if error is None:
                 return
             self._errors.append(error)
         raise error
+
+    # -- captured reads (recording/determinism.py asks) ---------------------------------------------
+
+    def serve_read(self, group: str, source: str, site: Site) -> tuple[bool, Any]:
+        """A read of the clock, randomness, a uuid or random bytes by the run's code: the
+        recorded value, or live (see :class:`~stepfork_otel.replay.reads.ReadServer`)."""
+        with self._lock:
+            if self._state != "active":
+                return False, None
+            try:
+                return self._reads.serve(group, source, site, len(self._calls) + 1)
+            except ReplayError as exc:
+                self._errors.append(exc)
+                self._divergences.append(exc)
+                raise
+
+    @property
+    def serves_reads(self) -> bool:
+        """Whether the bundle captured clock/random/uuid values (the session then serves them)."""
+        return bool(self._reads.values)
+
+    def read_diverged(self, source: str, site: Site, reason: str) -> BaseException:
+        """A served read could not be reproduced (a random function drew differently)."""
+        error = ReplayMismatchError(
+            f"{source} at {site} drew differently from the recording: {reason} "
+            "(its arguments changed?)"
+        )
+        with self._lock:
+            self._errors.append(error)
+            self._divergences.append(error)
+        return error
 
     # -- the boundary contract -------------------------------------------------------------------
 
@@ -459,7 +515,9 @@ class ReplaySession:
         miss = matching.first_miss(call, expected, ctx)
         if miss is not None:
             after = results.after_live(self._last_live)
-            raise matching.mismatch_error(call, position, expected, miss, ctx, after)
+            error = matching.mismatch_error(call, position, expected, miss, ctx, after)
+            error.add_details(self._reads.hint())  # uncaptured clock/random reads may explain it
+            raise error
         replayed.recorded_id = expected.event.id
         replayed.recorded_input_sha256 = expected.input_sha256
         replayed.recorded_output_sha256 = output_sha256 = expected.output_sha256

@@ -134,6 +134,7 @@ _P_IN = b'{"input":'
 _P_OUT = b'{"output":'
 _END = b'{"end":'
 _RUN = b'{"run":'  # the trailer of a bundle written as its run went (format 3)
+_CAPTURED = b'{"captured":'  # captured reads, as they were made (format 3, written as it went)
 _KIND_EVENT, _KIND_IN, _KIND_OUT = ord("t"), ord("i"), ord("o")
 # one byte per line (the line's third byte: t(ype), i(nput), o(utput)); a valid run of lines
 _GRAMMAR = re.compile(rb"(?:t[io]?)*")
@@ -229,6 +230,7 @@ class _Reader:
         self.end: Any = None
         self.trailer: dict[str, Any] | None = None  # (format 3)
         self.as_it_went = False  # see may_end_early
+        self.captured_lines: list[Any] = []  # (format 3, written as it went: read without trailer)
         self.lineno = 1  # the number of the first line not yet consumed
         self.start: bytes | None = b""  # the file's first bytes, until sniff() has decided
         self.format_named = False  # a long first line was seen to name the format
@@ -419,6 +421,8 @@ class _Reader:
                     tail = lines[n:]
                     del lines[n:]
                     break
+        if lines and self.as_it_went and b"c" in bytes(map(_third, lines)):
+            lines = self.take_captured(lines)
         if lines:
             self.read_events(lines)
             self.lineno += len(lines)
@@ -438,6 +442,28 @@ class _Reader:
         says ``complete: false``): it may end anywhere (the process was killed), and loads as
         what it holds."""
         return self.as_it_went
+
+    def take_captured(self, lines: list[bytes]) -> list[bytes]:
+        """The lines without the captured-reads lines among them (format 3, written as the run
+        went), which are kept for a file without a trailer. (Line numbers in later messages
+        count them out.)"""
+        kept: list[bytes] = []
+        for line in lines:
+            if not line.startswith(_CAPTURED):
+                kept.append(line)
+                continue
+            try:
+                value = orjson.loads(line[:-1])
+            except orjson.JSONDecodeError as exc:
+                raise self.error(f"captured reads line is not valid JSON: {exc}") from None
+            if json_depth_exceeds(value, self.limits.max_json_depth):
+                raise self.too_deep(self.lineno)
+            items = value.get("captured") if isinstance(value, dict) else None
+            if not isinstance(items, list) or len(value) != 1:
+                raise self.error('a captured reads line is {"captured":[...]}')
+            self.captured_lines.extend(items)
+        self.lineno += len(lines) - len(kept)
+        return kept
 
     def read_tail(self, tail: list[bytes]) -> None:
         """The trailer (format 3): what only the run's end knew, then the run's output line."""
@@ -683,6 +709,16 @@ class _Reader:
             self.head["incomplete_reason"] = NO_TRAILER_REASON
             self.events = _cut_short(self.events, self.head)
             end = {"end": FORMAT_NAME, "events": len(self.events)}
+            if self.captured_lines:  # the reads of the calls kept
+                calls = {e.seq for e in self.events if isinstance(e, (ToolCall, LlmRequest))}
+                self.head["captured"] = sorted(
+                    (
+                        r
+                        for r in self.captured_lines
+                        if not isinstance(r, dict) or r.get("before_call") in calls
+                    ),
+                    key=lambda r: r.get("index", 0) if isinstance(r, dict) else 0,
+                )
         elif not (
             isinstance(end, dict) and end.get("end") == FORMAT_NAME and end.get("events") == count
         ):
@@ -1018,6 +1054,7 @@ NO_TRAILER_REASON = "the recording stopped before the run ended (the bundle has 
 #: What a bundle's header holds (format 3): what is known when the run starts.
 _HEAD_FIELDS: set[str] = {"format", "format_version", "trace_id", "created_by"}
 _RUN_START: set[str] = {
+    "capture",
     "name",
     "span_id",
     "entrypoint",
@@ -1070,12 +1107,27 @@ class BundleEncoder:
                 pieces.append(payload)
         return b"".join(pieces)
 
+    def captured(self, reads: Iterable[Any]) -> bytes:
+        """A line of captured reads (format 3), written after the call they preceded so that a
+        run cut short keeps them; the trailer then holds all of them, and these lines are read
+        only when there is no trailer. Not counted or fingerprinted: a file with a trailer
+        ignores them."""
+        items = [r.model_dump(mode="json", exclude_none=True) for r in reads]
+        return orjson.dumps({"captured": items}) + b"\n" if items else b""
+
     def trailer(self, final: Trace) -> bytes:
         """``final``: the header as known at the end (``run``, ``complete``,
         ``incomplete_reason``, ``dropped_spans``, ``context``; its events are ignored)."""
         summary = final.model_dump(
             mode="json",
-            include={"complete", "incomplete_reason", "dropped_spans", "context", "run"},
+            include={
+                "complete",
+                "incomplete_reason",
+                "dropped_spans",
+                "context",
+                "run",
+                "captured",
+            },
             exclude_none=True,
         )
         summary.setdefault("incomplete_reason", None)  # (clears the header's)

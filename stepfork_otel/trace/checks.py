@@ -26,6 +26,7 @@ from stepfork_otel.trace.canonical import (
     sha256_hex,
     short_fingerprint,
 )
+from stepfork_otel.trace.captured import captured_problems
 from stepfork_otel.trace.errors import BundleError, Problem, quote
 from stepfork_otel.trace.models import (
     ErrorEvent,
@@ -73,10 +74,11 @@ def validate_structure(trace: Trace) -> list[Problem]:
     """Structural problems: duplicate ids, calls out of order, parents that are not earlier calls,
     outcomes without a call (or a second outcome for one), outcomes of the wrong kind.
 
-    Outcomes without ``parent_id`` (legacy bundles) are paired as :func:`pair_outcomes` says."""
+    Outcomes without ``parent_id`` (legacy bundles) are paired as :func:`pair_outcomes` says.
+    The captured reads are checked too (:func:`~stepfork_otel.trace.captured.captured_problems`)."""
+    problems: list[Problem] = captured_problems(trace) if trace.captured else []
     if _plainly_consistent(trace.events):
-        return []
-    problems: list[Problem] = []
+        return problems
     ids: set[str] = set()
     calls: set[str] = set()
     last_seq = 0

@@ -40,10 +40,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from stepfork_otel import constants as k
 from stepfork_otel.trace import grouping
 from stepfork_otel.trace.canonical import key_order, sha256_hex
 from stepfork_otel.trace.models import (
+    CapturedRead,
     ContextSpan,
     ErrorEvent,
     Event,
@@ -276,7 +279,59 @@ def _run_info(run: SpanRecord | None, replay_mode: str | None) -> RunInfo:
         start_time_unix_nano=run.start_time_unix_nano,
         end_time_unix_nano=run.end_time_unix_nano or 0,
         replay_mode=_str(attrs, k.REPLAY_MODE) or replay_mode,
+        capture=[name for name in _str(attrs, k.CAPTURE).split(",") if name] or None,
     )
+
+
+def _captured(
+    spans: Iterable[SpanRecord], seq_of: Mapping[str, int]
+) -> tuple[list[CapturedRead], int]:
+    """The captured reads carried by ``spans`` (``stepfork.captured`` on the span of the call
+    each preceded, or on a run span; an audit's tally on the run span), in their recorded order,
+    and how many could not be read (an attribute cut by a length limit, a hostile file)."""
+    reads: list[CapturedRead] = []
+    unreadable = 0
+    audit: list[Any] = []
+    for span in spans:
+        for key in (k.CAPTURED, k.CAPTURED_AUDIT):
+            text = span.attributes.get(key)
+            if text is None:
+                continue
+            try:
+                items = orjson.loads(text) if isinstance(text, str) else None
+            except orjson.JSONDecodeError:
+                items = None
+            if not isinstance(items, list):
+                unreadable += 1
+                continue
+            if key == k.CAPTURED_AUDIT:
+                audit.extend(items)
+                continue
+            for item in items:
+                try:
+                    item = dict(item, before_call=seq_of.get(span.span_id))
+                    reads.append(CapturedRead.model_validate(item, strict=True))
+                except (TypeError, ValueError):
+                    unreadable += 1
+    reads.sort(key=lambda r: r.index)
+    for item in audit:
+        try:
+            reads.append(
+                CapturedRead.model_validate(
+                    dict(item, index=len(reads) + 1, kind="audit"), strict=True
+                )
+            )
+        except (TypeError, ValueError):
+            unreadable += 1
+    return reads, unreadable
+
+
+def captured_reads(
+    spans: Iterable[SpanRecord], seq_of: Mapping[str, int]
+) -> tuple[list[CapturedRead], int]:
+    """The captured reads the spans carry, as the conversion collects them (for a run written as
+    it goes: the call spans that carried reads, and the run span, at the run's end)."""
+    return _captured(spans, seq_of)
 
 
 # --- order ---------------------------------------------------------------------------------------
@@ -523,6 +578,11 @@ def spans_to_trace(
     if complete and open_calls:
         complete = False
         incomplete_reason = f"{open_calls} call(s) had not ended when the bundle was written"
+    seq_of = {s.span_id: n for n, s in enumerate(ordered, start=1)}
+    captured, unreadable = _captured(sorted(by_id.values(), key=_call_order), seq_of)
+    if complete and unreadable:
+        complete = False
+        incomplete_reason = f"{unreadable} captured read(s) could not be read from their spans"
     created_by = _str(run.attributes, k.SDK_VERSION) or None if run is not None else None
     return Trace(
         trace_id=trace_ids.pop(),
@@ -533,4 +593,5 @@ def spans_to_trace(
         events=events,
         context=context,
         dropped_spans=dropped_spans,
+        captured=captured,
     )

@@ -12,6 +12,7 @@ re-serialises or even parses the payloads. Use :func:`payload_value` to get the 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -19,7 +20,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from stepfork_otel.constants import FORMAT_NAME, FORMAT_VERSION, ReplayAction
+from stepfork_otel.constants import FORMAT_NAME, FORMAT_VERSION, CapturedKind, ReplayAction
 from stepfork_otel.trace.canonical import canonical_json
 from stepfork_otel.trace.canonical import loads as canonical_loads
 from stepfork_otel.trace.policy import ReplayPolicy
@@ -142,6 +143,51 @@ CallEvent = ToolCall | LlmRequest
 OutcomeEvent = ToolResult | LlmResponse | ErrorEvent
 
 
+class CapturedRead(_Model):
+    """One nondeterministic read the run's own code made -- the clock, the global ``random``
+    functions, a uuid, random bytes, an environment variable -- with where it was asked for.
+    Replay serves ``value`` reads back in ``index`` order and checks each live read's source and
+    call site against the recorded one (``recording/determinism.py``)."""
+
+    index: int
+    """1-based order of the read among the run's captured reads."""
+    kind: CapturedKind = "value"
+    """``value``: served in replay; ``env``: an environment variable, checked (never served);
+    ``audit``: a tally of reads at one site (``capture="audit"``), neither served nor checked."""
+    source: str
+    """What was read: ``time.time``, ``datetime.now``, ``random.choice``, ``uuid.uuid4``,
+    ``os.urandom``, ``secrets.token_hex``, ``os.environ``, ..."""
+    module: str
+    function: str
+    line: int
+    """The call site in the run's code: module name, function name, line number."""
+    offset: int | None = None
+    """The line's distance from the start of its function: what replay compares, so that an edit
+    elsewhere in the file (an import added at the top) does not move the site."""
+    before_call: int | None = None
+    """The ``seq`` of the boundary call the run started next (None: after its last call)."""
+    value: Any = None
+    """The value the read returned, as JSON (see ``docs/replay.md`` for each source's form)."""
+    name: str | None = None
+    """``env``: the variable's name."""
+    sha256: str | None = None
+    """``env``: SHA-256 of the variable's value (never the value itself); None: it was unset."""
+    count: int | None = None
+    """``audit``: how many reads of ``source`` were made at this site."""
+
+    @property
+    def site(self) -> str:
+        """``module:function:line``, as messages print it."""
+        return f"{self.module}:{self.function}:{self.line}"
+
+
+def env_fingerprint(value: str | None) -> str | None:
+    """What a bundle keeps of an environment variable's value: its SHA-256 (None: unset)."""
+    if value is None:
+        return None
+    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 class ContextSpan(_Model):
     """One of the user's own spans around the boundaries (names and timing only, no attributes:
     they were not redacted by stepfork, so they are not copied into the bundle)."""
@@ -175,6 +221,8 @@ class RunInfo(_Model):
     end_time_unix_nano: int = 0
     replay_mode: str | None = None
     """Set when this run is itself a replay (its spans carried ``stepfork.replay.mode``)."""
+    capture: list[str] | None = None
+    """The capture sources the run was recorded with (``record(capture=...)``), or ``["audit"]``."""
 
 
 class Trace(_Model):
@@ -192,6 +240,8 @@ class Trace(_Model):
     context: list[ContextSpan] = []
     dropped_spans: int = 0
     """Spans of this trace the processor had to drop (per-trace cap)."""
+    captured: list[CapturedRead] = []
+    """Clock, randomness, uuid and environment reads of the run, in order (format 3)."""
 
     # -- bundle IO: thin delegates (see :class:`TraceIO`) ----------------------------------------
 

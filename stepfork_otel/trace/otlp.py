@@ -343,8 +343,14 @@ def _enum(table: Mapping[int | str, str], raw: Any, default: str) -> str:
     return table.get(raw, default)
 
 
-#: Payload attributes: canonical JSON text, which never holds a raw line break.
-_PAYLOAD_TEXTS = (k.INPUT, k.OUTPUT)
+#: Payload attributes: canonical JSON text, which never holds a raw line break. The OpenInference
+#: value is the payload's text when the stepfork attribute was not written (they were the same).
+#: (Another instrumentation's ``input.value`` is none of stepfork's business: only a span with the
+#: payload's fingerprint has its payload there.)
+_PAYLOAD_TEXTS = (
+    (k.INPUT, k.INPUT_VALUE, k.INPUT_SHA256),
+    (k.OUTPUT, k.OUTPUT_VALUE, k.OUTPUT_SHA256),
+)
 
 
 @dataclass(slots=True)
@@ -378,12 +384,12 @@ def decode_span(span: Any) -> _Decoded:
     end = _uint64(_get(span, "endTimeUnixNano", "end_time_unix_nano"), "endTimeUnixNano")
     name = span.get("name", "")
     attributes = decode_attributes(span.get("attributes", []))
-    damaged = tuple(
-        key
-        for key in _PAYLOAD_TEXTS
-        if isinstance(attributes.get(key), str)
-        and ("\n" in attributes[key] or "\r" in attributes[key])
-    )
+    damaged: list[str] = []
+    for text, value, sha in _PAYLOAD_TEXTS:
+        key = text if text in attributes else value if sha in attributes else None
+        payload = attributes.get(key) if key is not None else None
+        if key is not None and isinstance(payload, str) and ("\n" in payload or "\r" in payload):
+            damaged.append(key)
     for key in damaged:
         del attributes[key]
     record = SpanRecord(
@@ -404,7 +410,7 @@ def decode_span(span: Any) -> _Decoded:
         record,
         b64_trace or b64_span or b64_parent,
         dropped if isinstance(dropped, int) and not isinstance(dropped, bool) else 0,
-        damaged,
+        tuple(damaged),
     )
 
 

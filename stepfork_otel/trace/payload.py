@@ -11,6 +11,14 @@ The span payload codec lives here too, both directions in one module so they can
 fingerprint, size and why the text was left off), :func:`read_payload` reads them back -- taking
 a payload handed over in-process instead when there is one, and refusing a text that an attribute
 length limit cut (its size or fingerprint no longer agree).
+
+A payload travels on the span once. Its text is OpenInference's ``input.value``/``output.value``
+(what Phoenix and Langfuse show), and ``stepfork.input``/``stepfork.output`` is written beside
+it only when the canonical text differs from that value: an output whose objects' keys were not
+returned in sorted order, where the canonical text (what the fingerprint is of) and the returned
+one (what replay hands back) are two texts. Measured on the OTLP wire (docs/otel-setups.md): the
+example agents' export is 16.7 % smaller, an LLM span late in a conversation 27 %.
+Spans written before, with both attributes, read as they always did.
 """
 
 from __future__ import annotations
@@ -136,13 +144,11 @@ def payload_attributes(
             omitted: k.OMITTED_SIZE_CAP,
             preview: payload.text[: k.PREVIEW_CHARS],
         }
-    return {
-        sha: payload.sha256,
-        size: payload.size,
-        text: payload.text,
-        value: payload.as_returned or payload.text,  # what OpenInference shows: as returned
-        mime: k.MIME_JSON,
-    }
+    shown = payload.as_returned or payload.text  # what OpenInference shows: as returned
+    attributes = {sha: payload.sha256, size: payload.size, value: shown, mime: k.MIME_JSON}
+    if shown != payload.text:  # the canonical text travels too only when it is another text
+        attributes[text] = payload.text
+    return attributes
 
 
 class SpanPayload(NamedTuple):
@@ -182,6 +188,9 @@ def read_payload(
     size = size if isinstance(size, int) and not isinstance(size, bool) else None
     text = attributes.get(key)
     text = text if isinstance(text, str) else None
+    shown = attributes.get(value_key)
+    if text is None and (sha is not None or sha_cut) and isinstance(shown, str):
+        text = shown  # written once, as the OpenInference value: the fingerprint says if it is
     if text is not None:
         data = text.encode("utf-8", "surrogatepass")
         if (
@@ -191,7 +200,6 @@ def read_payload(
         ):
             # An attribute length limit cut the payload: never keep it as if it were whole.
             return SpanPayload(None, sha, size, "truncated")
-        shown = attributes.get(value_key)
         as_returned = shown if isinstance(shown, str) and shown != text else None
         return SpanPayload(text, sha, size, None, as_returned)
     if sha is None and not sha_cut:

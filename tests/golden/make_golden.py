@@ -10,7 +10,9 @@ It records ``tests/golden_agent.py`` (a deterministic, offline agent) three time
   with an LLM call inside it;
 * ``dinner_porto_failure.sftrace`` -- the sync agent; ``book_table`` raised
   ``TableUnavailableError`` (its message held a fake API token, stored redacted);
-* ``dinner_lisbon_async.sftrace`` -- the async agent (two tools of one turn run concurrently).
+* ``dinner_lisbon_async.sftrace`` -- the async agent (two tools of one turn run concurrently);
+* ``dinner_dated.sftrace`` -- the agent with the date, a uuid and a random greeting in its prompt,
+  recorded with ``capture=`` (``record_dated()`` alone adds it without touching the others).
 
 Then it derives the bundles built to mismatch, each by one deterministic edit of the JSON of
 ``dinner_lisbon.sftrace`` (events are addressed by tool name / model, never by position guesses,
@@ -53,7 +55,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import hashlib
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -127,7 +131,24 @@ def record_runs() -> None:
             arun.set_output(await golden_agent.run_dinner_agent_async(golden_agent.LISBON))
 
     asyncio.run(run_async())
+    record_dated()
     provider.shutdown()
+
+
+def record_dated() -> None:
+    """``dinner_dated.sftrace``: the agent with the date, a uuid and a random greeting in its
+    prompt, recorded with ``capture=("time", "uuid", "random")`` (format 3's captured reads)."""
+    with tempfile.TemporaryDirectory() as scratch:  # (recording in tests/golden would recover
+        path = Path(scratch) / "dinner_dated.sftrace"  # its golden journal into a bundle)
+        with record(
+            path,
+            input={"question": golden_agent.LISBON},
+            name="dinner_agent_dated",
+            entrypoint="golden_agent:run_dated_agent",
+            capture=("time", "uuid", "random"),
+        ) as run:
+            run.set_output(golden_agent.run_dated_agent(golden_agent.LISBON))
+        shutil.move(path, HERE / path.name)
 
 
 # --- editing ---------------------------------------------------------------------------------------

@@ -127,10 +127,35 @@ def describe(
             attributes[k.GEN_AI_SYSTEM_INSTRUCTIONS] = _json(summary.system_instructions)
         if summary.output_messages:
             attributes[k.GEN_AI_OUTPUT_MESSAGES] = _json(summary.output_messages)
-        tools = _list(body.get("tools"))
+        tools = tool_definitions(_list(body.get("tools")))
         if tools:
             attributes[k.GEN_AI_TOOL_DEFINITIONS] = _json(tools)
     return attributes
+
+
+def tool_definitions(tools: list[Any]) -> list[dict[str, Any]]:
+    """The request's tools in the convention's shape, ``{"type", "name", "description",
+    "parameters"}``, from OpenAI Chat Completions (``{"type": "function", "function": {...}}``),
+    Responses (already flat) and Anthropic (``input_schema``, no ``type``) tools. Phoenix validates
+    the whole list and drops it for one item without a ``name``, so a built-in tool that has none
+    (``{"type": "web_search"}``) is named by its type."""
+    definitions: list[dict[str, Any]] = []
+    for item in tools:
+        tool = _dict(item)
+        if not tool:
+            continue
+        nested = _dict(tool.get("function")) if tool.get("type") == "function" else {}
+        source = nested or tool
+        kind = tool.get("type") if isinstance(tool.get("type"), str) else "function"
+        name = source.get("name") if isinstance(source.get("name"), str) else kind
+        definition: dict[str, Any] = {"type": kind, "name": name}
+        if isinstance(source.get("description"), str):
+            definition["description"] = source["description"]
+        parameters = source.get("parameters", source.get("input_schema"))
+        if isinstance(parameters, dict):
+            definition["parameters"] = parameters
+        definitions.append(definition)
+    return definitions
 
 
 class Summary:

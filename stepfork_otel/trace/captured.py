@@ -1,0 +1,182 @@
+"""The captured sources as data: each source's group and the JSON form of its value, and the
+structural check of a bundle's ``captured`` reads.
+
+The one list of what can be captured: ``recording/determinism.py`` intercepts exactly these names,
+replay serves values of these forms, and a bundle whose reads name another source or hold a value
+of the wrong form is refused when it is loaded (a hostile or damaged bundle gets a
+:class:`~stepfork_otel.trace.errors.BundleError` then, never a ``ValueError`` from inside the
+agent's ``datetime.now()``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import uuid
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from stepfork_otel import constants as k
+from stepfork_otel.trace.errors import Problem, quote
+from stepfork_otel.trace.models import CapturedRead, Trace
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _datetime(value: Any) -> bool:
+    try:
+        datetime.datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _date(value: Any) -> bool:
+    try:
+        datetime.date.fromisoformat(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _uuid(value: Any) -> bool:
+    try:
+        uuid.UUID(value)
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return True
+
+
+_HEX = re.compile(r"(?:[0-9a-f]{2})*")
+_BITS = re.compile(r"[0-9]{1,9}:[0-9a-f]{1,4096}")
+
+
+def _hex(value: Any) -> bool:
+    return isinstance(value, str) and _HEX.fullmatch(value) is not None
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _struct_time(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 9 and all(_integer(v) for v in value)
+
+
+def _draws(value: Any) -> bool:
+    """The primitive draws of a ``random`` function: floats, and ``bits:hex`` for random bits."""
+    return isinstance(value, list) and all(
+        isinstance(d, float) or (isinstance(d, str) and _BITS.fullmatch(d) is not None)
+        for d in value
+    )
+
+
+class Source(NamedTuple):
+    group: str
+    """The ``capture=`` name that records it."""
+    valid: Callable[[Any], bool]
+    """Whether a recorded value has this source's form."""
+    form: str
+    """The form, as an error message names it."""
+
+
+_RANDOM = Source(k.CAPTURE_RANDOM, _draws, "a list of draws")
+
+#: Every source that can be captured, by the name a bundle records it under.
+SOURCES: dict[str, Source] = {
+    "time.time": Source(k.CAPTURE_TIME, _number, "a number"),
+    "time.time_ns": Source(k.CAPTURE_TIME, _integer, "an integer"),
+    "time.strftime": Source(k.CAPTURE_TIME, _text, "text"),
+    "time.ctime": Source(k.CAPTURE_TIME, _text, "text"),
+    "time.localtime": Source(k.CAPTURE_TIME, _struct_time, "nine integers"),
+    "time.gmtime": Source(k.CAPTURE_TIME, _struct_time, "nine integers"),
+    "datetime.now": Source(k.CAPTURE_TIME, _datetime, "an ISO date-time"),
+    "datetime.utcnow": Source(k.CAPTURE_TIME, _datetime, "an ISO date-time"),
+    "datetime.today": Source(k.CAPTURE_TIME, _datetime, "an ISO date-time"),
+    "date.today": Source(k.CAPTURE_TIME, _date, "an ISO date"),
+    "uuid.uuid4": Source(k.CAPTURE_UUID, _uuid, "a uuid"),
+    "uuid.uuid1": Source(k.CAPTURE_UUID, _uuid, "a uuid"),
+    "os.urandom": Source(k.CAPTURE_SECRETS, _hex, "hex digits"),
+    "secrets.token_bytes": Source(k.CAPTURE_SECRETS, _hex, "hex digits"),
+    "secrets.token_hex": Source(k.CAPTURE_SECRETS, _text, "text"),
+    "secrets.token_urlsafe": Source(k.CAPTURE_SECRETS, _text, "text"),
+    "random.gauss": Source(k.CAPTURE_RANDOM, _number, "a number"),
+    "os.environ": Source(k.CAPTURE_ENV, lambda value: value is None, "no value"),
+}
+for _name in (
+    "random",
+    "uniform",
+    "triangular",
+    "randint",
+    "randrange",
+    "choice",
+    "choices",
+    "sample",
+    "shuffle",
+    "getrandbits",
+    "randbytes",
+    "normalvariate",
+    "lognormvariate",
+    "expovariate",
+    "vonmisesvariate",
+    "gammavariate",
+    "betavariate",
+    "paretovariate",
+    "weibullvariate",
+):
+    SOURCES[f"random.{_name}"] = _RANDOM
+
+#: The global ``random`` functions that are captured by their draws (``gauss`` keeps half of
+#: each pair it draws on the generator, so its value is recorded as is).
+RANDOM_FUNCTIONS = tuple(
+    name.removeprefix("random.") for name, source in SOURCES.items() if source is _RANDOM
+)
+
+
+def _read_problem(read: CapturedRead) -> str | None:
+    source = SOURCES.get(read.source)
+    if source is None:
+        return f"unknown source {quote(read.source)}"
+    if read.kind == "audit":
+        return None if read.value is None else "an audit entry holds no value"
+    if read.kind == "env":
+        if read.source != "os.environ" or not read.name:
+            return "an environment read names os.environ and its variable"
+        return None
+    if source.group == k.CAPTURE_ENV:
+        return "os.environ is checked, never served: it holds no value"
+    if not source.valid(read.value):
+        return f"the value of {read.source} is not {source.form}"
+    return None
+
+
+def captured_problems(trace: Trace) -> list[Problem]:
+    """What is wrong with a bundle's captured reads: unknown sources, values of the wrong form,
+    order numbers out of order, a ``before_call`` that is no call of the run."""
+    problems: list[Problem] = []
+    last = 0
+    calls = {event.seq for event in trace.calls}
+    for read in trace.captured:
+        where = f"captured read {read.index}"
+        if read.kind != "audit":
+            if read.index <= last:
+                problems.append(Problem(None, f"{where} is out of order"))
+            last = read.index
+        if read.before_call is not None and read.before_call not in calls:
+            problems.append(Problem(None, f"{where} precedes call {read.before_call}, not a call"))
+        problem = _read_problem(read)
+        if problem is not None:
+            problems.append(Problem(None, f"{where}: {problem}"))
+    return problems
+
+
+def group_of(source: str) -> str:
+    """The ``capture=`` group a source belongs to (``env`` for one this version does not know)."""
+    known = SOURCES.get(source)
+    return known.group if known is not None else k.CAPTURE_ENV
