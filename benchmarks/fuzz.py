@@ -4,7 +4,8 @@
 20,000 bundle mutants, 5,000 OTLP mutants, seed 13, ``benchmarks/FUZZ_RESULTS.md``). The same
 mutators and checks run, bounded, in the normal test suite (``tests/test_fuzz.py``, hypothesis).
 
-Every bundle mutant (of the golden bundles, and of the run journal a killed process leaves) is
+Every bundle mutant (of the golden bundles, of a bundle cut short as a killed process leaves it,
+and of the run journal older releases left) is
 written to a file (a third of them gzipped) and given to what a user runs:
 ``load_trace`` and ``verify_integrity``, ``stepfork validate``'s check, ``stepfork show``'s tree,
 and a frozen replay of the golden agent that recorded it. Every OTLP mutant goes through
@@ -92,9 +93,12 @@ GOLDEN_BUNDLES = {
     "dinner_dated.sftrace": (golden_agent.run_dated_agent, golden_agent.LISBON),
     "legacy_no_fingerprints.sftrace": (golden_agent.run_dinner_agent, golden_agent.LISBON),
     "missing_result.sftrace": (golden_agent.run_dinner_agent, golden_agent.LISBON),
-    # the journal a killed process leaves (read like a bundle; regenerate with
-    # --write-journal-golden)
+    # the journal a killed process left, in the releases that kept one beside the bundle
+    # (still read like a bundle; nothing writes one any more)
     "dinner_lisbon.sftrace.journal": (golden_agent.run_dinner_agent, golden_agent.LISBON),
+    # a run written as it goes (format 3), cut just before its end: no trailer
+    # (--write-cut-golden)
+    "dinner_lisbon_cut.sftrace": (golden_agent.run_dinner_agent, golden_agent.LISBON),
 }
 
 # --- mutations ---------------------------------------------------------------------------------
@@ -619,9 +623,11 @@ def write_otlp_golden(path: Path = OTLP_GOLDEN) -> Path:
     return path
 
 
-def write_journal_golden(path: Path = GOLDEN / "dinner_lisbon.sftrace.journal") -> Path:
-    """Record the golden agent's Lisbon run and keep its journal as it is just before the run
-    ends (what a process killed at that moment leaves)."""
+def write_cut_golden(path: Path = GOLDEN / "dinner_lisbon_cut.sftrace") -> Path:
+    """Record the golden agent's Lisbon run and keep its bundle as it is just before the run
+    ends (what a process killed at that moment leaves: every call, no trailer). The journal
+    golden (``dinner_lisbon.sftrace.journal``) was written by the releases that kept a journal
+    beside the bundle; it is kept as it is, an input that must still load."""
     import shutil
 
     from opentelemetry.sdk.trace import TracerProvider
@@ -632,9 +638,11 @@ def write_journal_golden(path: Path = GOLDEN / "dinner_lisbon.sftrace.journal") 
     with tempfile.TemporaryDirectory() as tmp:
         configure(tracer_provider=provider)
         bundle = Path(tmp) / "dinner_lisbon.sftrace"
-        with record(bundle, input={"question": golden_agent.LISBON}, name="dinner_agent"):
+        with record(
+            bundle, input={"question": golden_agent.LISBON}, name="dinner_agent", flush_interval=0
+        ):
             golden_agent.run_dinner_agent(golden_agent.LISBON)
-            shutil.copyfile(bundle.with_name(bundle.name + ".journal"), path)
+            shutil.copyfile(bundle, path)
     provider.shutdown()
     return path
 
@@ -647,13 +655,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-mib", type=int, default=3072, help="address-space cap")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "FUZZ_RESULTS.md")
     parser.add_argument("--write-otlp-golden", action="store_true")
-    parser.add_argument("--write-journal-golden", action="store_true")
+    parser.add_argument("--write-cut-golden", action="store_true")
     args = parser.parse_args(argv)
     if args.write_otlp_golden:
         print(write_otlp_golden())
         return 0
-    if args.write_journal_golden:
-        print(write_journal_golden())
+    if args.write_cut_golden:
+        print(write_cut_golden())
         return 0
     import logging
 

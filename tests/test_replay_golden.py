@@ -88,6 +88,17 @@ def test_recorded_failure_is_replayed_as_recorded_dependency_error() -> None:
     assert (failed.name, failed.action, failed.status) == ("book_table", "substituted", "error")
 
 
+def test_a_run_cut_short_before_its_end_replays_every_call_it_has() -> None:
+    trace = Trace.load(golden("dinner_lisbon_cut"))  # written as it went, no trailer
+    assert not trace.complete
+    assert len(trace.calls) == 9
+    with ReplaySession.from_trace(golden("dinner_lisbon_cut")) as replay:
+        answer = agent.run_dinner_agent(agent.LISBON)
+    replay.verify_complete()
+    assert answer == "Booked Taberna do Mar, reference TBL-0042."
+    assert agent.BODY_CALLS == {}
+
+
 def test_the_dated_agent_replays_the_date_uuid_and_greeting_it_read() -> None:
     trace = Trace.load(golden("dinner_dated"))
     assert [r.source for r in trace.captured] == ["datetime.now", "uuid.uuid4", "random.choice"]
@@ -334,6 +345,7 @@ def test_golden_bundles_are_all_used() -> None:
         "dinner_dated",
         "dinner_lisbon",
         "dinner_lisbon_async",
+        "dinner_lisbon_cut",
         "dinner_porto_failure",
         "extra_call",
         "legacy_no_fingerprints",

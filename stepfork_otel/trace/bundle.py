@@ -160,6 +160,13 @@ _STRAY_CR = "a carriage return that does not end a line (line breaks are LF, or 
 _CALL_CLASSES = frozenset((ToolCall, LlmRequest))
 _OUTCOME_CLASSES = frozenset((ToolResult, LlmResponse, ErrorEvent))
 _third = itemgetter(2)
+
+
+def _third_byte(line: bytes) -> bytes:
+    """The line's third byte (empty for a shorter line: a damaged file may hold one)."""
+    return line[2:3]
+
+
 _fields_set = attrgetter("__pydantic_fields_set__")
 _set_attribute = object.__setattr__
 _PAYLOAD_FIELDS = frozenset(("input", "output"))
@@ -421,7 +428,7 @@ class _Reader:
                     tail = lines[n:]
                     del lines[n:]
                     break
-        if lines and self.as_it_went and b"c" in bytes(map(_third, lines)):
+        if lines and self.as_it_went and b"c" in b"".join(map(_third_byte, lines)):
             lines = self.take_captured(lines)
         if lines:
             self.read_events(lines)

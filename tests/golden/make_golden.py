@@ -14,6 +14,9 @@ It records ``tests/golden_agent.py`` (a deterministic, offline agent) three time
 * ``dinner_dated.sftrace`` -- the agent with the date, a uuid and a random greeting in its prompt,
   recorded with ``capture=`` (``record_dated()`` alone adds it without touching the others).
 
+``dinner_lisbon_cut.sftrace`` (a run written as it goes, cut before its end) is written by
+``python -m benchmarks.fuzz --write-cut-golden``.
+
 Then it derives the bundles built to mismatch, each by one deterministic edit of the JSON of
 ``dinner_lisbon.sftrace`` (events are addressed by tool name / model, never by position guesses,
 and after an edit calls are renumbered ``call-1..n`` in file order, with ``seq``, outcome ids and
