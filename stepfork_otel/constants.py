@@ -287,3 +287,11 @@ CAPTURE_AUDIT: Final = "audit"
 #: What a captured read is in a bundle: a served ``value``, a checked ``env`` variable, an
 #: ``audit`` tally (no value).
 CapturedKind = Literal["value", "env", "audit"]
+
+# --- token usage another GenAI span already reports (recording/integrations/genai.py) ----------
+
+#: The call's token usage when the span's parent is another instrumentation's GenAI span (which
+#: reports ``gen_ai.usage.*`` itself: the convention's keys on both would count it twice), so
+#: that the bundle's ``usage`` is still filled.
+USAGE_INPUT_TOKENS: Final = "stepfork.usage.input_tokens"
+USAGE_OUTPUT_TOKENS: Final = "stepfork.usage.output_tokens"

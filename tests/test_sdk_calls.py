@@ -179,6 +179,13 @@ def test_beside_another_genai_instrumentation_usage_is_counted_once_and_replay_h
             int(s.attributes.get(key, 0)) for s in spans if s.attributes for key in usage_keys
         )
         assert counted == live.usage.prompt_tokens  # once, on the other instrumentation's span
+        (response,) = [
+            e for e in Trace.load(tmp_path / "both.sftrace").events if e.type == "llm_response"
+        ]
+        assert response.usage == {  # and the bundle still has it
+            "input_tokens": live.usage.prompt_tokens,
+            "output_tokens": live.usage.completion_tokens,
+        }
 
         requests = len(llm.requests)
         with ReplaySession.from_trace(Trace.load(tmp_path / "both.sftrace")) as replay:
@@ -257,6 +264,16 @@ def test_beside_the_anthropic_sdk_own_spans_usage_is_counted_once(
     )
     assert counted == live.usage.output_tokens
     assert k.GEN_AI_USAGE_OUTPUT_TOKENS not in ours.attributes
+    (response,) = [
+        e for e in Trace.load(tmp_path / "native.sftrace").events if e.type == "llm_response"
+    ]
+    cached = (live.usage.cache_read_input_tokens or 0) + (
+        live.usage.cache_creation_input_tokens or 0
+    )
+    assert response.usage == {  # the convention's input tokens: Anthropic's plus the cached ones
+        "input_tokens": live.usage.input_tokens + cached,
+        "output_tokens": live.usage.output_tokens,
+    }
 
 
 def test_a_retried_call_replays_attempt_by_attempt_without_sleeping(

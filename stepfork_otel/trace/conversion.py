@@ -143,14 +143,16 @@ def _status(attrs: Mapping[str, Any]) -> str | None:
 
 
 def _usage(attrs: Mapping[str, Any]) -> dict[str, int] | None:
-    usage = {
-        name: attrs[key]
-        for name, key in (
-            ("input_tokens", k.GEN_AI_USAGE_INPUT_TOKENS),
-            ("output_tokens", k.GEN_AI_USAGE_OUTPUT_TOKENS),
-        )
-        if isinstance(attrs.get(key), int) and not isinstance(attrs.get(key), bool)
-    }
+    usage: dict[str, int] = {}
+    for name, keys in (
+        ("input_tokens", (k.GEN_AI_USAGE_INPUT_TOKENS, k.USAGE_INPUT_TOKENS)),
+        ("output_tokens", (k.GEN_AI_USAGE_OUTPUT_TOKENS, k.USAGE_OUTPUT_TOKENS)),
+    ):
+        for key in keys:  # the convention's key, else stepfork's (usage reported elsewhere)
+            value = attrs.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                usage[name] = value
+                break
     return usage or None
 
 

@@ -120,6 +120,13 @@ def describe(
         ):
             if value is not None:
                 attributes[attribute] = value
+    else:  # the parent span counts it; the bundle still wants it (stepfork's own keys)
+        for attribute, value in (
+            (k.USAGE_INPUT_TOKENS, summary.input_tokens),
+            (k.USAGE_OUTPUT_TOKENS, summary.output_tokens),
+        ):
+            if value is not None:
+                attributes[attribute] = value
     if content_captured():
         if summary.input_messages:
             attributes[k.GEN_AI_INPUT_MESSAGES] = _json(summary.input_messages)
