@@ -679,7 +679,7 @@ def _string_at(raw: bytes, quotes_at: bytes, closing: int) -> tuple[int, str] | 
         return None
     masked = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__") if b"\\" in raw else raw
     parts = masked.split(b'"', index + 1)
-    begin = sum(len(p) + 1 for p in parts[:index])
+    begin = sum(map(len, parts[:index])) + index  # each delimiter before it is one byte
     text = raw[begin : begin + len(parts[index])]
     value: str = orjson.loads(b'"' + text + b'"') if b"\\" in text else text.decode("utf-8")
     return index, value
