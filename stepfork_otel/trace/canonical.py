@@ -320,11 +320,11 @@ def restore_key_order(value: Any, order: Sequence[KeyOrder] | None) -> Any:
     by_path: dict[tuple[str | int, ...], list[int]] = {}
     for path, permutation in order:
         by_path[tuple(path)] = permutation
-    for path, permutation in by_path.items():
+    for steps, permutation in by_path.items():
         parent: Any = None
         step: Any = None
         node = value
-        for step in path:  # a node's steps are all keys (an object) or all indexes (a list)
+        for step in steps:  # a node's steps are all keys (an object) or all indexes (a list)
             kind = type(node)
             if (kind is dict and type(step) is str and step in node) or (
                 kind is list and type(step) is int and 0 <= step < len(node)
