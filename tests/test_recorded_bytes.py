@@ -7,8 +7,10 @@ whose message holds a token, and the benchmarks' realistic payloads) -- is recor
 ``record(...)``; its bundle, with what differs between two runs taken out (trace and span ids,
 timestamps, durations), must equal ``golden/recorded_run.jsonl``, and the attributes of the
 exported spans (payloads as returned included, which only spans carry) must equal
-``golden/recorded_run_spans.jsonl``. Payload lines and every fingerprint stay in: a change to
-canonical JSON, redaction or the span -> event conversion changes them. The golden was written by the code before the recording path was optimised
+``golden/recorded_run_spans.jsonl`` (in the order they were set). The run is then replayed
+(frozen) from its bundle, the replay recorded too: the replay's bundle and spans are pinned the
+same way (``golden/replayed_run*.jsonl``). Payload lines and every fingerprint stay in: a change
+to canonical JSON, redaction, substitution or the span -> event conversion changes them. The golden was written by the code before the recording path was optimised
 (issue 12, item 3); regenerate it only for a deliberate format change::
 
     python tests/test_recorded_bytes.py --write
@@ -24,6 +26,8 @@ from typing import Any
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "recorded_run.jsonl"
 GOLDEN_SPANS = GOLDEN.with_name("recorded_run_spans.jsonl")
+GOLDEN_REPLAY = GOLDEN.with_name("replayed_run.jsonl")
+GOLDEN_REPLAY_SPANS = GOLDEN.with_name("replayed_run_spans.jsonl")
 
 #: Event and header fields that differ between two recordings of the same calls.
 _VOLATILE = frozenset(
@@ -38,6 +42,9 @@ _VOLATILE = frozenset(
         "lines_sha256",  # the end line's hash of every line, ids and timestamps included
     }
 )
+
+#: Span attributes that differ between two recordings (the trace a replay replays).
+_VOLATILE_ATTRIBUTES = frozenset({"stepfork.replay.of"})
 
 # Fake secrets, built from parts so that no scanner takes this file for a leak.
 _TOKEN = "ghp_" + "16C7e42F292c6912E7710c838347Ae178B4a"
@@ -75,9 +82,16 @@ class _Refused(Exception):
     __module__ = "fixed_run"  # recorded as `fixed_run._Refused`, however this file is run
 
 
-def record_fixed_run(path: Path) -> None:
-    """Record the fixed run into ``path``."""
-    from stepfork_otel import llm_request, record, trace_tool
+def record_fixed_run(path: Path, replayed: Path | None = None) -> None:
+    """Record the fixed run into ``path``; with ``replayed``, replay it (frozen) from ``path``
+    instead, recording the replay into ``replayed``."""
+    from stepfork_otel import ReplaySession, llm_request, record, trace_tool
+
+    if replayed is not None:
+        with ReplaySession.from_trace(path) as session:
+            record_fixed_run(replayed)
+            session.verify_complete()
+        return
 
     pairs = _values()
     outputs = {n: out for n, (_, out) in enumerate(pairs)}
@@ -91,7 +105,7 @@ def record_fixed_run(path: Path) -> None:
         raise _Refused(f"no table for {table}; token {_TOKEN} was rejected")
 
     with record(path, input={"question": f"plan with {_OPENAI}"}, name="fixed") as run:
-        for n, (value, _) in enumerate(pairs):
+        for n, (value, _) in enumerate(pairs):  # (replayed: the recorded outcomes, not these)
             if n % 3 == 1:
                 llm_request(
                     provider="openai",
@@ -105,7 +119,7 @@ def record_fixed_run(path: Path) -> None:
                 )
             else:
                 lookup(value, n)
-        with contextlib.suppress(_Refused):
+        with contextlib.suppress(Exception):  # _Refused; replayed: the recorded failure
             book("Taberna")
         run.set_output({"answer": "booked", "z": [1, 2], "a": f"Bearer {_JWT}"})
 
@@ -125,11 +139,19 @@ def normalised(path: Path) -> str:
 
 
 def normalised_spans(spans: Any) -> str:
-    """Each exported span's name, kind and attributes, one line per span, in the order they
-    ended."""
+    """Each exported span's name, kind and attributes (in the order they were set), one line
+    per span, in the order the spans ended; attributes naming a recorded trace are left out."""
     lines = [
         json.dumps(
-            {"name": s.name, "kind": s.kind.name, "attributes": dict(s.attributes or {})},
+            {
+                "name": s.name,
+                "kind": s.kind.name,
+                "attributes": [
+                    [key, list(v) if isinstance(v, tuple) else v]
+                    for key, v in (s.attributes or {}).items()
+                    if key not in _VOLATILE_ATTRIBUTES
+                ],
+            },
             ensure_ascii=False,
             sort_keys=True,
         )
@@ -144,6 +166,12 @@ def test_a_fixed_run_records_the_same_bytes_as_before(recording: Any, tmp_path: 
     assert normalised(path) == GOLDEN.read_text(encoding="utf-8")
     spans = recording.exporter.get_finished_spans()
     assert normalised_spans(spans) == GOLDEN_SPANS.read_text(encoding="utf-8")
+    recording.exporter.clear()
+    replayed = tmp_path / "replayed.sftrace"
+    record_fixed_run(path, replayed)
+    assert normalised(replayed) == GOLDEN_REPLAY.read_text(encoding="utf-8")
+    spans = recording.exporter.get_finished_spans()
+    assert normalised_spans(spans) == GOLDEN_REPLAY_SPANS.read_text(encoding="utf-8")
 
 
 def test_the_golden_holds_redacted_payloads_and_every_kind_of_call() -> None:
@@ -187,4 +215,10 @@ if __name__ == "__main__":  # python tests/test_recorded_bytes.py --write
         record_fixed_run(target)
         GOLDEN.write_text(normalised(target), encoding="utf-8")
         GOLDEN_SPANS.write_text(normalised_spans(exporter.get_finished_spans()), encoding="utf-8")
-    print(f"wrote {GOLDEN} and {GOLDEN_SPANS.name}")
+        exporter.clear()
+        replayed = Path(scratch) / "replayed.sftrace"
+        record_fixed_run(target, replayed)
+        GOLDEN_REPLAY.write_text(normalised(replayed), encoding="utf-8")
+        spans = exporter.get_finished_spans()
+        GOLDEN_REPLAY_SPANS.write_text(normalised_spans(spans), encoding="utf-8")
+    print(f"wrote {GOLDEN.name}, {GOLDEN_SPANS.name} and the replay's, in {GOLDEN.parent}")
