@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import codecs
 import functools
-import itertools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -677,6 +676,8 @@ def _string_at(raw: bytes, quotes_at: bytes, closing: int) -> tuple[int, str] | 
     index = quotes_at.count(b'"', 0, closing)
     if index % 2 == 0:
         return None
+    if quotes_at is raw:  # no escapes: offsets in the scan form are offsets in the text
+        return index, raw[raw.rfind(b'"', 0, closing) + 1 : closing].decode("utf-8")
     masked = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__") if b"\\" in raw else raw
     parts = masked.split(b'"', index + 1)
     begin = sum(map(len, parts[:index])) + index  # each delimiter before it is one byte
@@ -687,12 +688,13 @@ def _string_at(raw: bytes, quotes_at: bytes, closing: int) -> tuple[int, str] | 
 
 def _keyed_values(
     raw: bytes, scan: bytes, quotes_at: bytes, owner: Redactor
-) -> dict[int, bytes] | None:
+) -> dict[int, tuple[bytes, int]] | None:
     """The values the key rules replace whole, by string index: a sensitive key's string value
-    (``[REDACTED]``), a random-looking string under a generic key (``[REDACTED:generic_secret]``).
-    None when the splice cannot do it (a sensitive key whose value is not a string, a pair list,
-    a detector match spanning strings): the caller walks."""
-    out: dict[int, bytes] = {}
+    (``[REDACTED]``), a random-looking string under a generic key (``[REDACTED:generic_secret]``),
+    each with an offset of the scan form inside the string or at its closing quote. None when the
+    splice cannot do it (a sensitive key whose value is not a string, a pair list, a detector
+    match spanning strings): the caller walks."""
+    out: dict[int, tuple[bytes, int]] = {}
     sensitive, segment, generic = owner._key_regexes
     for regex in (sensitive, segment):
         pos, end = 0, len(scan)
@@ -716,7 +718,7 @@ def _keyed_values(
                 return None  # maybe a [name, value] pair: the walk knows
             if scan[stop : stop + 1] != b'"':
                 return None  # a number, an object, a list under a sensitive key
-            out[index + 2] = _KEY_MARKER_BYTES
+            out[index + 2] = (_KEY_MARKER_BYTES, stop + 1)  # its value begins after `":"`
     pos, end = 0, len(scan)
     while pos < end:
         start, stop = generic.Match(_UNANCHORED, scan, pos, end)[0]
@@ -740,7 +742,7 @@ def _keyed_values(
             and owner.is_generic_key(name)
             and looks_random(text)
         ):
-            out[index] = _GENERIC_MARKER_BYTES
+            out[index] = (_GENERIC_MARKER_BYTES, stop - 1)
     return out
 
 
@@ -766,7 +768,7 @@ def _splice(canonical: str, plan: _Plan, memo: dict[str, str] | None = None) -> 
     raw = plan.raw
     scan = scan_form(raw) if plan.scan is None else plan.scan
     quotes_at = _quote_map(raw, scan)
-    hits: set[int] = set()
+    hits: dict[int, int] = {}  # string index -> an offset of the scan form inside it
     crossings = 0
     for pattern in plan.patterns:
         regex = _scan_regex(pattern.source)
@@ -788,17 +790,17 @@ def _splice(canonical: str, plan: _Plan, memo: dict[str, str] | None = None) -> 
                 if quotes % 2:
                     closing = quotes_at.find(b'"', first)
                     if regex.Match(_UNANCHORED, scan, start, closing)[0][0] >= 0:
-                        hits.add(quotes)
+                        hits[quotes] = first
                 pos = _next_char(scan, start)
                 continue
             quotes = quotes_at.count(b'"', 0, first)
             if quotes % 2 == 0:  # outside every string (cannot be: a rule matches text)
                 return None
-            hits.add(quotes)
+            hits[quotes] = first
             if len(hits) > _MAX_SPLICE_HITS:
                 return None
             pos = stop if stop > start else _next_char(scan, stop)
-    keyed: dict[int, bytes] = {}  # string index -> what replaces the whole value there
+    keyed: dict[int, tuple[bytes, int]] = {}  # string index -> (its whole replacement, offset)
     if plan.keys:
         found = _keyed_values(raw, scan, quotes_at, plan.owner)
         if found is None:
@@ -806,17 +808,14 @@ def _splice(canonical: str, plan: _Plan, memo: dict[str, str] | None = None) -> 
         keyed = found
     if not hits and not keyed:
         return canonical
-    masked = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__") if b"\\" in raw else raw
-    parts = masked.split(b'"')
-    lengths = list(itertools.accumulate(map(len, parts), initial=0))  # string i begins at
-    pieces: list[bytes] = []  # lengths[i] + i (each delimiter before it is one byte)
+    wanted = {index: near for index, (_, near) in keyed.items()}
+    wanted.update(hits)
+    pieces: list[bytes] = []
     done = 0
     redact_text = plan.redact_text
-    for index in sorted(hits | set(keyed)):
-        begin = lengths[index] + index
-        stop = begin + len(parts[index])
+    for index, (begin, stop) in _string_bounds(raw, quotes_at, wanted):
         text = raw[begin:stop]
-        replacement = keyed.get(index)
+        replacement = keyed[index][0] if index in keyed else None
         if replacement is not None:
             if text != replacement:
                 pieces += (raw[done:begin], replacement)
@@ -836,6 +835,33 @@ def _splice(canonical: str, plan: _Plan, memo: dict[str, str] | None = None) -> 
         return canonical
     pieces.append(raw[done:])
     return b"".join(pieces).decode("utf-8")
+
+
+def _string_bounds(
+    raw: bytes, quotes_at: bytes, wanted: dict[int, int]
+) -> list[tuple[int, tuple[int, int]]]:
+    """``(index, (begin, end))`` in ``raw`` of the strings ``wanted`` names (string index ->
+    an offset of the scan form inside the string or at its closing quote), in text order.
+
+    Without escapes the scan form is the text: the quotes around the offset bound the string.
+    Otherwise the text, its escaped quotes and backslashes masked, is cut at its quotes up to the
+    last string wanted, and the lengths before each one added up (in C; never a loop over every
+    string of the payload)."""
+    indexes = sorted(wanted)
+    if quotes_at is raw:
+        return [
+            (i, (raw.rfind(b'"', 0, wanted[i]) + 1, raw.find(b'"', wanted[i]))) for i in indexes
+        ]
+    masked = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+    parts = masked.split(b'"', indexes[-1] + 1)
+    out: list[tuple[int, tuple[int, int]]] = []
+    before, counted = 0, 0  # the length of parts[:counted]
+    for index in indexes:
+        before += sum(map(len, parts[counted:index]))
+        counted = index
+        begin = before + index  # each delimiter before it is one byte
+        out.append((index, (begin, begin + len(parts[index]))))
+    return out
 
 
 def _free_name(name: str, taken: dict[Any, Any]) -> str:
