@@ -715,6 +715,9 @@ def _keyed_values(
             if not owner.is_sensitive_key(name):
                 continue
             if scan[stop - 1 : stop] == b",":
+                opening = quotes_at.rfind(b'"', 0, closing)
+                if scan[opening - 1 : opening] != b"[":
+                    continue  # an object's value, a list's later item: never a key or a name
                 return None  # maybe a [name, value] pair: the walk knows
             if scan[stop : stop + 1] != b'"':
                 return None  # a number, an object, a list under a sensitive key
