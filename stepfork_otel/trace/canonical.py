@@ -309,45 +309,41 @@ def key_order(canonical: str | None, as_returned: str | None) -> list[KeyOrder] 
 
 def restore_key_order(value: Any, order: Sequence[KeyOrder] | None) -> Any:
     """``value`` (decoded from canonical text, so its objects' keys are sorted) with the keys of
-    the objects :func:`key_order` named put back in returned order: each entry's path is walked
-    from the root and the object it names rebuilt in its parent (the last entry wins when two
-    name the same path). An entry that does not fit (a hand-edited bundle) is left out: that
-    object keeps the sorted order. Paths name keys and indexes, never positions, so the entries
-    can be applied in any order: an object rebuilt before or after its children holds the same
-    children."""
+    the objects :func:`key_order` named put back in returned order, in one pass along the named
+    paths only. An entry that does not fit (a hand-edited bundle) is left out: that object keeps
+    the sorted order."""
     if not order:
         return value
-    by_path: dict[tuple[str | int, ...], list[int]] = {}
+    trie: dict[Any, Any] = {}
     for path, permutation in order:
-        by_path[tuple(path)] = permutation
-    for steps, permutation in by_path.items():
-        parent: Any = None
-        step: Any = None
-        node = value
-        for step in steps:  # a node's steps are all keys (an object) or all indexes (a list)
-            kind = type(node)
-            if (kind is dict and type(step) is str and step in node) or (
-                kind is list and type(step) is int and 0 <= step < len(node)
-            ):
-                parent, node = node, node[step]
-            else:
-                break
-        else:
-            if type(node) is not dict or len(permutation) != len(node):
-                continue
-            items = list(node.items())
-            try:  # (in C: a dict of the items taken in the permutation's order)
-                if min(permutation, default=0) < 0:
-                    continue
-                rebuilt = dict(map(items.__getitem__, permutation))
-            except (TypeError, IndexError):
-                continue  # a hand-edited entry that does not fit: keep the sorted order
-            if len(rebuilt) != len(items):  # an index given twice: not a permutation
-                continue
-            if parent is None:
-                value = rebuilt
-            else:
-                parent[step] = rebuilt
+        node = trie
+        for step in path:  # a node's steps are all keys (an object) or all indexes (a list)
+            node = node.setdefault(step, {})
+        node[None] = permutation
+    return _restore(value, trie)
+
+
+def _restore(value: Any, trie: dict[Any, Any]) -> Any:
+    permutation = None
+    if type(value) is dict:
+        for step, child in trie.items():
+            if step is None:
+                permutation = child
+            elif type(step) is str and step in value:
+                value[step] = _restore(value[step], child)
+        if permutation is None or len(permutation) != len(value):
+            return value
+        keys = list(value)
+        try:
+            if sorted(permutation) != list(range(len(keys))):
+                return value  # a hand-edited entry that does not fit: keep the sorted order
+        except TypeError:
+            return value
+        return {keys[i]: value[keys[i]] for i in permutation}
+    if type(value) is list:
+        for step, child in trie.items():
+            if type(step) is int and 0 <= step < len(value):
+                value[step] = _restore(value[step], child)
     return value
 
 
