@@ -92,3 +92,27 @@ def test_nothing_pending_after_an_on_end_that_raised(
     assert "internal error while ending a boundary span" in caplog.text
     (bundle,) = (tmp_path / "traces").glob("*.sftrace")  # ours ran before it: the bundle is there
     assert Trace.load(bundle).calls[0].input == '{"text":"hi"}'
+
+
+def test_a_read_from_a_signal_handler_in_a_thread_holding_the_lock_does_not_hang() -> None:
+    # SIGTERM's handler (SftraceSpanProcessor.finalise) reads open spans' payloads; the signal
+    # may land while the main thread is inside keep() or release(), holding the hand-off lock
+    import threading
+
+    from stepfork_otel.recording.handoff import PayloadHandoff
+    from stepfork_otel.trace.payload import Payload
+
+    handoff = PayloadHandoff()
+    handoff.attach()
+    handoff.keep(7, "stepfork.input", Payload.from_text('{"a":1}'))
+    read: list[object] = []
+
+    def interrupted_inside_keep() -> None:
+        with handoff._lock:  # what keep() holds when the signal lands
+            read.append(dict(handoff.read(7)))  # what the handler does, in the same thread
+
+    worker = threading.Thread(target=interrupted_inside_keep, daemon=True)
+    worker.start()
+    worker.join(timeout=5)
+    assert not worker.is_alive(), "the hand-off lock deadlocked its own thread"
+    assert list(read[0]) == ["stepfork.input"]  # type: ignore[call-overload]

@@ -102,6 +102,9 @@ class _Prepared:
     """An integration's own exception for a recorded failure ``(error type, message)``, built
     by trusted code from a fixed list (never from a class named in the bundle); None, or
     returning None: the session's :class:`RecordedDependencyError`."""
+    described: dict[str, Any] | None = None
+    """A substituted call's described attributes (see :func:`_described`), known before its
+    span starts and passed with the others then, after the input's."""
 
 
 def _captured_input(value: Any) -> tuple[Payload, Replayer | None]:
@@ -210,6 +213,8 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
             prepared.attributes.update(span_payload_attributes(k.INPUT, prepared.call.input))
         except Exception:
             internal_error("writing the call input on its span")
+        if prepared.described:
+            _add_last(prepared.attributes, prepared.described)
         span = CONFIG.tracer().start_span(
             prepared.span_name,
             kind=prepared.span_kind,
@@ -307,6 +312,11 @@ def _open_decided(
     raised: the session has already consumed the call, so it is told that the call failed --
     its result was not delivered, its body did not run -- and reports it."""
     try:
+        if decision is not None and decision.substituted and decision.error is None:
+            output = decision.output  # described before the span starts: one SDK call
+            prepared.described = (
+                None if output is None else _described(prepared, decision.value, output)
+            )
         return _open_span(prepared, body=decision is None or not decision.substituted)
     except BaseException as exc:
         if decision is not None:
@@ -321,8 +331,8 @@ def _substituted(span: Span, prepared: _Prepared, decision: ReplayDecision) -> A
             HANDOFF.keep(prepared.kept, k.OUTPUT, decision.output)
         if decision.error is not None:
             record_failure(span, decision.error)
-        elif decision.output is not None:
-            _set_described(span, _described(prepared, decision.value, decision.output))
+        elif prepared.described:  # set when the span started (see _open_decided)
+            _set_error_status(span, prepared.described)
     if decision.error is not None:
         raise _recorded_error(prepared, decision.error)
     return decision.value
@@ -353,8 +363,10 @@ def _finish_ok(
             _warn_unreplayable(prepared.call, "output", payload)
         attributes = span_payload_attributes(k.OUTPUT, payload)
         attributes[k.STATUS] = k.STATUS_OK
-        span.set_attributes(attributes)
-        _set_described(span, _described(prepared, recorded, payload))
+        described = _described(prepared, recorded, payload)
+        _add_last(attributes, described)
+        span.set_attributes(attributes)  # output and described attributes in one SDK call
+        _set_error_status(span, described)
         if prepared.kept is not None:
             HANDOFF.keep(prepared.kept, k.OUTPUT, payload)
     except Exception:
@@ -376,11 +388,25 @@ def _described(prepared: _Prepared, recorded: Any, payload: Payload | None) -> d
     return {}
 
 
+def _add_last(attributes: dict[str, Any], more: dict[str, Any]) -> None:
+    """``more`` after ``attributes``, as a later ``set_attributes`` would put them: a key
+    given again moves to the end with its new value."""
+    for key, value in more.items():
+        attributes.pop(key, None)
+        attributes[key] = value
+
+
 def _set_described(span: Span, attributes: dict[str, Any]) -> None:
-    """Write described attributes; an outcome described with ``error.type`` (an HTTP error
-    status the SDK will raise for) is a failed call for telemetry."""
-    span.set_attributes(attributes)
-    error_type = attributes.get(k.ERROR_TYPE_SEMCONV)
+    """Write described attributes (none: no SDK call); see :func:`_set_error_status`."""
+    if attributes:
+        span.set_attributes(attributes)
+        _set_error_status(span, attributes)
+
+
+def _set_error_status(span: Span, described: dict[str, Any]) -> None:
+    """An outcome described with ``error.type`` (an HTTP error status the SDK will raise for)
+    is a failed call for telemetry."""
+    error_type = described.get(k.ERROR_TYPE_SEMCONV)
     if error_type is not None:
         span.set_status(Status(StatusCode.ERROR, str(error_type)))
 

@@ -40,7 +40,10 @@ class PayloadHandoff:
     __slots__ = ("_kept", "_listeners", "_lock")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # re-entrant: the SIGTERM handler (the bundle processor's ``finalise``) reads open spans'
+        # payloads in whichever thread the signal lands, possibly one inside keep() or release()
+        # holding this lock; with a plain lock that process would hang instead of exiting
+        self._lock = threading.RLock()
         self._kept: dict[int, dict[str, Payload]] = {}
         self._listeners = 0
 

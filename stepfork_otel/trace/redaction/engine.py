@@ -35,11 +35,12 @@ cost what benign ones of the same size do.
 
 from __future__ import annotations
 
+import codecs
 import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from re2 import _re2
@@ -85,6 +86,13 @@ def _compile(source: str, capture: bool = True) -> Any:
     if not regex.ok():
         raise ValueError(f"not a regular expression RE2 accepts: {regex.error().decode()}")
     return regex
+
+
+@functools.lru_cache(maxsize=4096)
+def _scan_regex(source: str) -> Any:
+    """A rule compiled for the scan form (:func:`_quote_anchored`, no captures), built once per
+    rule: rewriting the source is a loop over its characters, too slow to repeat per payload."""
+    return _compile(_uncaptured(_quote_anchored(source)), False)
 
 
 def check_pattern(source: str) -> None:
@@ -214,11 +222,21 @@ def _unescape_one(match: re.Match[bytes]) -> bytes:
     return _ESCAPED[match.group(2)]
 
 
+#: An escape that ``codecs.escape_decode`` would not read as JSON does (``\\u``, ``\\/``): one
+#: RE2 search, which skips from backslash to backslash (a two-byte ``in`` test is far slower).
+_NOT_SHORT_ESCAPE = _re2.RE2(rb'\\[^"\\bfnrt]', _options(capture=False))
+
+
 def scan_form(data: bytes) -> bytes:
     """``data`` (canonical JSON, UTF-8) with every JSON escape decoded in place: each string of
     the payload appears verbatim in it, between two quotes."""
     if b"\\" not in data:
         return data
+    if _NOT_SHORT_ESCAPE.Match(_UNANCHORED, data, 0, len(data))[0][0] < 0:
+        # only \" \\ \b \f \n \r \t: Python's bytes escapes too, decoded bytes to bytes in C
+        # (bytes >= 0x80 stay as they are)
+        decoded: bytes = codecs.escape_decode(data)[0]
+        return decoded
     try:
         # C speed: JSON's escapes are Python's, but for \/ (which canonical JSON never writes);
         # bytes >= 0x80 come back as themselves through Latin-1
@@ -273,9 +291,9 @@ def _is_pair_list(value: list[Any] | tuple[Any, ...]) -> bool:
 # --- the redactor --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """What the slow path has to do with one payload."""
+class _Plan(NamedTuple):
+    """What the slow path has to do with one payload. (A named tuple: one is made per payload
+    the pre-check fires on, and a frozen dataclass costs several times more to build.)"""
 
     patterns: tuple[SecretPattern, ...]
     """The rules that matched somewhere in the payload's scan form."""
@@ -293,6 +311,8 @@ class _Plan:
     """The redactor's own :meth:`Redactor.redact_text` (what the splice redacts strings with)."""
     owner: Any = None
     """The redactor (its key rules and key detectors, for the splice)."""
+    scan: bytes | None = None
+    """The scan form of ``raw``, when the pre-check made it (None: made again when needed)."""
 
 
 @dataclass(frozen=True)
@@ -430,24 +450,30 @@ class Redactor:
     def redact_canonical(self, canonical: str) -> str:
         """Redact a canonical JSON text; returns the same text when nothing needed redaction."""
         plan = self._plan(canonical)
-        return canonical if plan is None else self._redact_planned(canonical, plan)
+        return canonical if plan is None else self._redact_planned(canonical, plan, {})
 
     def redact_canonical_and_returned(self, canonical: str, returned: str) -> tuple[str, str]:
         """:meth:`redact_canonical` of ``canonical``, and ``returned`` -- the same value with its
         keys in the order a call returned them -- redacted with the same rules, keys kept in
         that order. One pre-check for both; each text comes back as given (the same object)
-        when nothing needed redaction."""
+        when nothing needed redaction.
+
+        The returned form is spliced with the canonical form's plan: both hold the same strings
+        and the same key/value pairs, so the rules that match inside a string, and the key
+        detectors that find a key to redact, are the same in both (only matches spanning two
+        neighbouring strings differ, and those redact nothing). Strings are redacted once for
+        both forms (a shared memo)."""
         plan = self._plan(canonical)
         if plan is None:
             return canonical, returned
-        redacted = self._redact_planned(canonical, plan)
+        memo: dict[str, str] = {}
+        redacted = self._redact_planned(canonical, plan, memo)
         if redacted is canonical:
             return canonical, returned
-        own = self._plan(returned)
-        if own is not None and own.raw_needles is not None:
-            spliced = _splice(returned, own)
-            if spliced is not None:
-                return redacted, spliced
+        own = plan._replace(raw=returned.encode("utf-8", "surrogatepass"), scan=None)
+        spliced = _splice(returned, own, memo)
+        if spliced is not None:
+            return redacted, spliced
         value = self._walk(canonical_loads(returned), plan)[0]
         if canonical_json(value) != redacted:
             # secrets used as keys that redact to one marker are numbered in walk order, which
@@ -455,9 +481,9 @@ class Redactor:
             return redacted, redacted
         return redacted, as_returned_bytes(value).decode("utf-8")
 
-    def _redact_planned(self, canonical: str, plan: _Plan) -> str:
+    def _redact_planned(self, canonical: str, plan: _Plan, memo: dict[str, str]) -> str:
         if plan.raw_needles is not None:
-            spliced = _splice(canonical, plan)
+            spliced = _splice(canonical, plan, memo)
             if spliced is not None:
                 return spliced
         # orjson reads an integer beyond 64 bits as a float (1e+20): the stdlib parser keeps it
@@ -465,9 +491,12 @@ class Redactor:
         redacted, changed = self._walk(value, plan)
         return canonical_json(redacted) if changed else canonical
 
-    def _plan(self, canonical: str) -> _Plan | None:
-        """None when no rule can match; otherwise the rules that matched somewhere."""
-        raw = canonical.encode("utf-8", "surrogatepass")
+    def _plan(self, canonical: str | bytes) -> _Plan | None:
+        """None when no rule can match the canonical text (given as text or as its UTF-8
+        bytes); otherwise the rules that matched somewhere."""
+        raw = (
+            canonical.encode("utf-8", "surrogatepass") if isinstance(canonical, str) else canonical
+        )
         scan = scan_form(raw)
         if self._detector.Match(_UNANCHORED, scan, 0, len(scan))[0][0] < 0:
             return None
@@ -485,6 +514,7 @@ class Redactor:
             indexes,
             self._redact_text,
             self,
+            scan,
         )
 
     def _probe_of(self, indexes: tuple[int, ...]) -> Any:
@@ -627,7 +657,7 @@ _MAX_SPLICE_HITS = 64
 def _quote_map(raw: bytes, scan: bytes) -> bytes:
     """``scan`` (the scan form of ``raw``) with the quotes that were escaped in ``raw`` (``\\"``)
     turned into ``\x01``: the same length, and its quotes are exactly the strings' delimiters."""
-    if b'\\"' not in raw:
+    if b"\\" not in raw or b'\\"' not in raw:  # (a one-byte test first: memchr's speed)
         return scan
     held = raw.replace(b"\\\\", b"\x03")  # escaped backslashes first: pairs read left to right
     held = held.replace(b'\\"', b"\\u0001").replace(b"\x03", b"\\\\")
@@ -646,9 +676,11 @@ def _string_at(raw: bytes, quotes_at: bytes, closing: int) -> tuple[int, str] | 
     index = quotes_at.count(b'"', 0, closing)
     if index % 2 == 0:
         return None
+    if quotes_at is raw:  # no escapes: offsets in the scan form are offsets in the text
+        return index, raw[raw.rfind(b'"', 0, closing) + 1 : closing].decode("utf-8")
     masked = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__") if b"\\" in raw else raw
     parts = masked.split(b'"', index + 1)
-    begin = sum(len(p) + 1 for p in parts[:index])
+    begin = sum(map(len, parts[:index])) + index  # each delimiter before it is one byte
     text = raw[begin : begin + len(parts[index])]
     value: str = orjson.loads(b'"' + text + b'"') if b"\\" in text else text.decode("utf-8")
     return index, value
@@ -656,12 +688,13 @@ def _string_at(raw: bytes, quotes_at: bytes, closing: int) -> tuple[int, str] | 
 
 def _keyed_values(
     raw: bytes, scan: bytes, quotes_at: bytes, owner: Redactor
-) -> dict[int, bytes] | None:
+) -> dict[int, tuple[bytes, int]] | None:
     """The values the key rules replace whole, by string index: a sensitive key's string value
-    (``[REDACTED]``), a random-looking string under a generic key (``[REDACTED:generic_secret]``).
-    None when the splice cannot do it (a sensitive key whose value is not a string, a pair list,
-    a detector match spanning strings): the caller walks."""
-    out: dict[int, bytes] = {}
+    (``[REDACTED]``), a random-looking string under a generic key (``[REDACTED:generic_secret]``),
+    each with an offset of the scan form inside the string or at its closing quote. None when the
+    splice cannot do it (a sensitive key whose value is not a string, a pair list, a detector
+    match spanning strings): the caller walks."""
+    out: dict[int, tuple[bytes, int]] = {}
     sensitive, segment, generic = owner._key_regexes
     for regex in (sensitive, segment):
         pos, end = 0, len(scan)
@@ -682,10 +715,13 @@ def _keyed_values(
             if not owner.is_sensitive_key(name):
                 continue
             if scan[stop - 1 : stop] == b",":
+                opening = quotes_at.rfind(b'"', 0, closing)
+                if scan[opening - 1 : opening] != b"[":
+                    continue  # an object's value, a list's later item: never a key or a name
                 return None  # maybe a [name, value] pair: the walk knows
             if scan[stop : stop + 1] != b'"':
                 return None  # a number, an object, a list under a sensitive key
-            out[index + 2] = _KEY_MARKER_BYTES
+            out[index + 2] = (_KEY_MARKER_BYTES, stop + 1)  # its value begins after `":"`
     pos, end = 0, len(scan)
     while pos < end:
         start, stop = generic.Match(_UNANCHORED, scan, pos, end)[0]
@@ -709,11 +745,11 @@ def _keyed_values(
             and owner.is_generic_key(name)
             and looks_random(text)
         ):
-            out[index] = _GENERIC_MARKER_BYTES
+            out[index] = (_GENERIC_MARKER_BYTES, stop - 1)
     return out
 
 
-def _splice(canonical: str, plan: _Plan) -> str | None:
+def _splice(canonical: str, plan: _Plan, memo: dict[str, str] | None = None) -> str | None:
     """``canonical_json`` of the redacted value, without decoding the whole payload: the strings
     that redaction changes, redacted and written back into the text. None when this shortcut does
     not apply (a match spans more than one string or lies outside strings, a key would change,
@@ -727,16 +763,18 @@ def _splice(canonical: str, plan: _Plan) -> str | None:
     redacted whole anyway) or spans a delimiter (it is dropped, and the search starts again one
     character after its start). A string without a match of any rule is one the walk leaves
     alone. The key rules are applied by :func:`_keyed_values`, which declines what only the walk
-    can do."""
+    can do. ``memo``: strings already redacted (string -> redacted), filled in here."""
     if plan.raw_needles is None or plan.redact_text is None:
         return None
+    if memo is None:
+        memo = {}
     raw = plan.raw
-    scan = scan_form(raw)
+    scan = scan_form(raw) if plan.scan is None else plan.scan
     quotes_at = _quote_map(raw, scan)
-    hits: set[int] = set()
+    hits: dict[int, int] = {}  # string index -> an offset of the scan form inside it
     crossings = 0
     for pattern in plan.patterns:
-        regex = _compile(_uncaptured(_quote_anchored(pattern.source)), False)
+        regex = _scan_regex(pattern.source)
         pos, end = 0, len(scan)
         while pos <= end:
             start, stop = regex.Match(_UNANCHORED, scan, pos, end)[0]
@@ -755,17 +793,17 @@ def _splice(canonical: str, plan: _Plan) -> str | None:
                 if quotes % 2:
                     closing = quotes_at.find(b'"', first)
                     if regex.Match(_UNANCHORED, scan, start, closing)[0][0] >= 0:
-                        hits.add(quotes)
+                        hits[quotes] = first
                 pos = _next_char(scan, start)
                 continue
             quotes = quotes_at.count(b'"', 0, first)
             if quotes % 2 == 0:  # outside every string (cannot be: a rule matches text)
                 return None
-            hits.add(quotes)
+            hits[quotes] = first
             if len(hits) > _MAX_SPLICE_HITS:
                 return None
             pos = stop if stop > start else _next_char(scan, stop)
-    keyed: dict[int, bytes] = {}  # string index -> what replaces the whole value there
+    keyed: dict[int, tuple[bytes, int]] = {}  # string index -> (its whole replacement, offset)
     if plan.keys:
         found = _keyed_values(raw, scan, quotes_at, plan.owner)
         if found is None:
@@ -773,26 +811,23 @@ def _splice(canonical: str, plan: _Plan) -> str | None:
         keyed = found
     if not hits and not keyed:
         return canonical
-    masked = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__") if b"\\" in raw else raw
-    parts = masked.split(b'"')
-    offsets = [0]
-    for part in parts:
-        offsets.append(offsets[-1] + len(part) + 1)
+    wanted = {index: near for index, (_, near) in keyed.items()}
+    wanted.update(hits)
     pieces: list[bytes] = []
     done = 0
     redact_text = plan.redact_text
-    for index in sorted(hits | set(keyed)):
-        begin = offsets[index]
-        stop = begin + len(parts[index])
+    for index, (begin, stop) in _string_bounds(raw, quotes_at, wanted):
         text = raw[begin:stop]
-        replacement = keyed.get(index)
+        replacement = keyed[index][0] if index in keyed else None
         if replacement is not None:
             if text != replacement:
                 pieces += (raw[done:begin], replacement)
                 done = stop
             continue
         value = orjson.loads(b'"' + text + b'"') if b"\\" in text else text.decode("utf-8")
-        redacted = redact_text(value)
+        redacted = memo.get(value)
+        if redacted is None:
+            redacted = memo[value] = redact_text(value)
         if redacted != value:
             if raw.startswith(b":", stop + 1):  # a key: the order of keys could change
                 return None
@@ -803,6 +838,33 @@ def _splice(canonical: str, plan: _Plan) -> str | None:
         return canonical
     pieces.append(raw[done:])
     return b"".join(pieces).decode("utf-8")
+
+
+def _string_bounds(
+    raw: bytes, quotes_at: bytes, wanted: dict[int, int]
+) -> list[tuple[int, tuple[int, int]]]:
+    """``(index, (begin, end))`` in ``raw`` of the strings ``wanted`` names (string index ->
+    an offset of the scan form inside the string or at its closing quote), in text order.
+
+    Without escapes the scan form is the text: the quotes around the offset bound the string.
+    Otherwise the text, its escaped quotes and backslashes masked, is cut at its quotes up to the
+    last string wanted, and the lengths before each one added up (in C; never a loop over every
+    string of the payload)."""
+    indexes = sorted(wanted)
+    if quotes_at is raw:
+        return [
+            (i, (raw.rfind(b'"', 0, wanted[i]) + 1, raw.find(b'"', wanted[i]))) for i in indexes
+        ]
+    masked = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+    parts = masked.split(b'"', indexes[-1] + 1)
+    out: list[tuple[int, tuple[int, int]]] = []
+    before, counted = 0, 0  # the length of parts[:counted]
+    for index in indexes:
+        before += sum(map(len, parts[counted:index]))
+        counted = index
+        begin = before + index  # each delimiter before it is one byte
+        out.append((index, (begin, begin + len(parts[index]))))
+    return out
 
 
 def _free_name(name: str, taken: dict[Any, Any]) -> str:
