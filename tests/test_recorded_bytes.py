@@ -129,7 +129,8 @@ def normalised(path: Path) -> str:
     lines: list[str] = []
     for line in path.read_text(encoding="utf-8").splitlines():
         value = json.loads(line)
-        if isinstance(value, dict) and value.keys() & {"type", "format", "end"}:
+        if isinstance(value, dict) and value.keys() & {"type", "format", "end", "run"}:
+            # (``run``: the trailer of a bundle written as its run went)
             value = {key: v for key, v in value.items() if key not in _VOLATILE}
             if isinstance(value.get("run"), dict):
                 value["run"] = {key: v for key, v in value["run"].items() if key not in _VOLATILE}
