@@ -47,6 +47,7 @@ from stepfork_otel.recording.contract import (
 )
 from stepfork_otel.recording.determinism import mark_body, take_pending
 from stepfork_otel.recording.handoff import HANDOFF
+from stepfork_otel.recording.integrations.genai import describe_request
 from stepfork_otel.recording.spans import (
     call_start_time,
     end_span,
@@ -384,7 +385,14 @@ def _described(prepared: _Prepared, recorded: Any, payload: Payload | None) -> d
                 return {}
             return prepared.describe(prepared.call.input.text, payload.text)
         if prepared.call.kind == "llm":
-            return usage_attributes(recorded)
+            attributes = usage_attributes(recorded)
+            if payload is not None:  # a request and a response of an SDK's shape: as the SDKs'
+                attributes.update(
+                    describe_request(
+                        prepared.call.provider or "", prepared.call.input.text, payload.text
+                    )
+                )
+            return attributes
     return {}
 
 

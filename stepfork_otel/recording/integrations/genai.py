@@ -140,6 +140,21 @@ def describe(
     return attributes
 
 
+def describe_request(provider: str, input_text: str, output_text: str) -> dict[str, Any]:
+    """A hand-written ``llm_request``/``allm_request`` described as the SDK integrations describe
+    their calls, when its request and response have an SDK's shape: Anthropic's Messages for
+    provider ``anthropic``, else OpenAI's Chat Completions or Responses (the shape OpenAI-compatible
+    APIs share). A request with neither ``messages`` nor ``input`` is described by nothing here
+    (its usage still is: ``spans.usage_attributes``)."""
+    request = _parsed(input_text)
+    if not isinstance(request.get("messages"), list) and "input" not in request:
+        return {}
+    response = anthropic_response if provider == "anthropic" else openai_response
+    return describe(
+        '{"body":' + input_text + "}", '{"status":200,"body":' + output_text + "}", False, response
+    )
+
+
 def tool_definitions(tools: list[Any]) -> list[dict[str, Any]]:
     """The request's tools in the convention's shape, ``{"type", "name", "description",
     "parameters"}``, from OpenAI Chat Completions (``{"type": "function", "function": {...}}``),
