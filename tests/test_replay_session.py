@@ -699,7 +699,7 @@ def test_a_replay_no_span_encloses_is_one_trace_under_its_own_root(
     def lookup(n: int) -> int:
         return n * 2
 
-    with record(tmp_path / "r.sftrace", name="refunds"):
+    with record(tmp_path / "r.sftrace", name="refunds", input={"order": 1042}):
         lookup(1)
         lookup(2)
     recording.exporter.clear()
@@ -711,6 +711,7 @@ def test_a_replay_no_span_encloses_is_one_trace_under_its_own_root(
     (root,) = [s for s in spans if s.parent is None]
     assert root.name == "replay refunds"
     assert root.attributes[k.REPLAY_OF] == Trace.load(tmp_path / "r.sftrace").trace_id
+    assert root.attributes[k.INPUT_VALUE] == '{"order":1042}'  # shown beside the original's
     assert {s.context.trace_id for s in spans} == {root.context.trace_id}
     assert len(spans) == 3
 

@@ -105,14 +105,20 @@ def _open_root_span(session: ReplaySession) -> tuple[Span, object] | None:
         return None
     with handle_internal_errors("opening the replay's root span"):
         name = session.trace.run.name or "agent"
-        span = CONFIG.tracer().start_span(
-            f"replay {name}",
-            attributes={
-                k.REPLAY_OF: session.trace.trace_id,
-                k.RUN_NAME: name,
-                k.OPENINFERENCE_SPAN_KIND: k.OI_KIND_AGENT,
-            },
-        )
+        attributes: dict[str, str] = {
+            k.REPLAY_OF: session.trace.trace_id,
+            k.RUN_NAME: name,
+            k.OPENINFERENCE_SPAN_KIND: k.OI_KIND_AGENT,
+        }
+        run_input = session.trace.run.input  # redacted when it was recorded
+        settings = CONFIG.settings
+        if (
+            run_input is not None
+            and settings.capture_content
+            and len(run_input.encode()) <= settings.max_span_payload_bytes
+        ):
+            attributes[k.INPUT_VALUE] = run_input  # the recorded input the replay starts from
+        span = CONFIG.tracer().start_span(f"replay {name}", attributes=attributes)
         try:
             return span, context_api.attach(set_span_in_context(span))
         except BaseException:
