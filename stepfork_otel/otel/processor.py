@@ -77,6 +77,7 @@ from stepfork_otel.trace.conversion import (
     run_info,
     span_events,
     spans_to_trace,
+    unreadable_reads_reason,
 )
 from stepfork_otel.trace.models import ContextSpan, Trace
 from stepfork_otel.trace.payload import Payload
@@ -488,7 +489,7 @@ class SftraceSpanProcessor(SpanProcessor):
         mode = None if live.replay_mode is None else live.replay_mode[1]
         captured, unreadable = captured_reads([*live.captured, run], live.captured_seq)
         if reason is None and unreadable:
-            reason = f"{unreadable} captured read(s) could not be read from their spans"
+            reason = unreadable_reads_reason(unreadable)
         final = Trace(
             trace_id=run.trace_id,
             complete=reason is None,

@@ -120,9 +120,7 @@ class RunRecorder:
         if self._keep:
             attributes[k.RUN_KEEP] = True
         if self._groups or self._audit:
-            attributes[k.CAPTURE] = (
-                k.CAPTURE_AUDIT if self._audit else ",".join(sorted(self._groups))
-            )
+            attributes[k.CAPTURE] = determinism.capture_label(self._groups, self._audit)
         span = CONFIG.tracer().start_span(
             f"{k.OP_INVOKE_AGENT} {self.name}",
             kind=SpanKind.INTERNAL,

@@ -59,7 +59,7 @@ from opentelemetry import context as context_api
 
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors
-from stepfork_otel.recording.contract import Site, current_session
+from stepfork_otel.recording.contract import Replayer, Site, current_session
 from stepfork_otel.trace.captured import RANDOM_FUNCTIONS
 from stepfork_otel.trace.models import env_fingerprint
 
@@ -172,6 +172,11 @@ def in_body() -> bool:
 # --- the recording side ----------------------------------------------------------------------------
 
 
+def capture_label(groups: frozenset[str], audit: bool) -> str:
+    """``stepfork.capture`` of a run: ``audit``, or its groups comma-separated."""
+    return k.CAPTURE_AUDIT if audit else ",".join(sorted(groups))
+
+
 def capture_groups(capture: str | Iterable[str] | None) -> tuple[frozenset[str], bool]:
     """``(groups, audit)`` of a ``capture=`` argument; raises ``ValueError`` for an unknown name.
 
@@ -214,7 +219,7 @@ class CaptureRun:
     @property
     def label(self) -> str:
         """What the run span's ``stepfork.capture`` says."""
-        return k.CAPTURE_AUDIT if self.audit else ",".join(sorted(self.groups))
+        return capture_label(self.groups, self.audit)
 
     def add(self, kind: str, source: str, site: Site, **fields: Any) -> None:
         with self.lock:
@@ -265,11 +270,6 @@ class CaptureRun:
 _run: ContextVar[CaptureRun | None] = ContextVar("stepfork_capture_run", default=None)
 
 
-def current_capture() -> CaptureRun | None:
-    """The capture of the run this context records, if it captures."""
-    return _run.get()
-
-
 def start_run(groups: frozenset[str], audit: bool) -> tuple[CaptureRun, object] | None:
     """Start capturing in this context (``record(...)`` does, when asked); None when nothing is
     captured. A run nested in a capturing run shares its reads (one order per recorded run)."""
@@ -280,7 +280,7 @@ def start_run(groups: frozenset[str], audit: bool) -> tuple[CaptureRun, object] 
                 "stepfork_otel: a run nested in a capturing run captures what the outer run "
                 "does (%s), not %s",
                 outer.label,
-                k.CAPTURE_AUDIT if audit else ",".join(sorted(groups)) or "nothing",
+                capture_label(groups, audit) or "nothing",
             )
         return None
     if not groups and not audit:
@@ -345,24 +345,39 @@ _BYTES = _Serve(bytes.hex, _bytes_decode)
 _DATETIME = _Serve(_REAL_DATETIME.isoformat, _datetime_decode)
 
 
-def _read(group: str, source: str, serve: _Serve, live: Callable[[], Any], depth: int = 2) -> Any:
-    """One read of ``source``: served by a replay session, recorded by a capturing run, or live.
-    ``depth``: frames from here up to the caller whose site counts."""
+def _whose(depth: int) -> tuple[CaptureRun | None, Replayer | None, Site] | None:
+    """Who a read is for -- the capturing run or the replay session of this context -- and its
+    call site; None when it is read live: nothing captures or replays here, it is made inside a
+    boundary's body, or its caller is not the run's own code. ``depth``: frames from the caller
+    of this function up to the caller whose site counts."""
     capture = _run.get()
     session = current_session.in_context()
     if (capture is None and session is None) or in_body():
+        return None
+    where = _site_of(sys._getframe(depth + 1))
+    return None if where is None else (capture, session, where)
+
+
+def _records(capture: CaptureRun, group: str, source: str, where: Site) -> bool:
+    """Whether the run records this read's value (an audit only counts it)."""
+    if capture.audit:
+        capture.note(source, where)
+        return False
+    return group in capture.groups
+
+
+def _read(group: str, source: str, serve: _Serve, live: Callable[[], Any], depth: int = 2) -> Any:
+    """One read of ``source``: served by a replay session, recorded by a capturing run, or live.
+    ``depth``: frames from here up to the caller whose site counts."""
+    whose = _whose(depth)
+    if whose is None:
         return live()
-    where = _site_of(sys._getframe(depth))
-    if where is None:
-        return live()
+    capture, session, where = whose
     if session is not None:
         served, value = session.serve_read(group, source, where)
         return serve.decode(value) if served else live()
     assert capture is not None
-    if capture.audit:
-        capture.note(source, where)
-        return live()
-    if group not in capture.groups:
+    if not _records(capture, group, source, where):
         return live()
     result = live()
     with handle_internal_errors("capturing a read"):
@@ -470,13 +485,10 @@ def _wrap_random(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
     source = f"random.{name}"
 
     def captured(*args: Any, **kwargs: Any) -> Any:
-        capture = _run.get()
-        session = current_session.in_context()
-        if (capture is None and session is None) or in_body():
+        whose = _whose(1)
+        if whose is None:
             return real(*args, **kwargs)
-        where = _site_of(sys._getframe(1))
-        if where is None:
-            return real(*args, **kwargs)
+        capture, session, where = whose
         if session is not None:
             served, draws = session.serve_read(k.CAPTURE_RANDOM, source, where)
             if not served:
@@ -492,10 +504,7 @@ def _wrap_random(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
                 )
             return result
         assert capture is not None
-        if capture.audit:
-            capture.note(source, where)
-            return real(*args, **kwargs)
-        if k.CAPTURE_RANDOM not in capture.groups:
+        if not _records(capture, k.CAPTURE_RANDOM, source, where):
             return real(*args, **kwargs)
         tape = _Tape()
         result = getattr(tape, name)(*args, **kwargs)

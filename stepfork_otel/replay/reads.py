@@ -11,7 +11,6 @@ for reading live with a note.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -162,8 +161,3 @@ class ReadServer:
     def summary(self) -> ReadsSummary:
         left = tuple(f"read {r.index} {_where(r)}" for r in self.left_over())
         return ReadsSummary(len(self.values), self.cursor, left, tuple(self.notes))
-
-
-def describe_reads(reads: Sequence[CapturedRead]) -> list[str]:
-    """One line per captured read, as ``stepfork show`` and the report list them."""
-    return [f"read {r.index}: {_where(r)}" for r in reads]

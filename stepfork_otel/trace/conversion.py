@@ -285,12 +285,13 @@ def _run_info(run: SpanRecord | None, replay_mode: str | None) -> RunInfo:
     )
 
 
-def _captured(
+def captured_reads(
     spans: Iterable[SpanRecord], seq_of: Mapping[str, int]
 ) -> tuple[list[CapturedRead], int]:
     """The captured reads carried by ``spans`` (``stepfork.captured`` on the span of the call
     each preceded, or on a run span; an audit's tally on the run span), in their recorded order,
-    and how many could not be read (an attribute cut by a length limit, a hostile file)."""
+    and how many could not be read (an attribute cut by a length limit, a hostile file). Used by
+    the whole conversion and, for a run written as it goes, by the processor at the run's end."""
     reads: list[CapturedRead] = []
     unreadable = 0
     audit: list[Any] = []
@@ -328,12 +329,9 @@ def _captured(
     return reads, unreadable
 
 
-def captured_reads(
-    spans: Iterable[SpanRecord], seq_of: Mapping[str, int]
-) -> tuple[list[CapturedRead], int]:
-    """The captured reads the spans carry, as the conversion collects them (for a run written as
-    it goes: the call spans that carried reads, and the run span, at the run's end)."""
-    return _captured(spans, seq_of)
+def unreadable_reads_reason(count: int) -> str:
+    """The ``incomplete_reason`` of a bundle whose spans carried reads that could not be read."""
+    return f"{count} captured read(s) could not be read from their spans"
 
 
 # --- order ---------------------------------------------------------------------------------------
@@ -581,10 +579,9 @@ def spans_to_trace(
         complete = False
         incomplete_reason = f"{open_calls} call(s) had not ended when the bundle was written"
     seq_of = {s.span_id: n for n, s in enumerate(ordered, start=1)}
-    captured, unreadable = _captured(sorted(by_id.values(), key=_call_order), seq_of)
+    captured, unreadable = captured_reads(sorted(by_id.values(), key=_call_order), seq_of)
     if complete and unreadable:
-        complete = False
-        incomplete_reason = f"{unreadable} captured read(s) could not be read from their spans"
+        complete, incomplete_reason = False, unreadable_reads_reason(unreadable)
     created_by = _str(run.attributes, k.SDK_VERSION) or None if run is not None else None
     return Trace(
         trace_id=trace_ids.pop(),
