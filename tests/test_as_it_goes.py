@@ -225,3 +225,19 @@ def test_a_compressed_bundle_cut_short_loads_too(recording: Any, tmp_path: Path)
     cut.write_bytes(one_piece.read_bytes()[:-20])  # a one-piece bundle: still refused
     with pytest.raises(Exception, match="truncated gzip data"):
         load_trace(cut)
+
+
+def test_a_flush_of_a_closed_bundle_writes_nothing(tmp_path: Path) -> None:
+    # the background flusher may hold a bundle another thread has just closed
+    from stepfork_otel.otel.writer import BundleAppender
+
+    appender = BundleAppender(tmp_path / "x.sftrace", b"head\n", flush_interval=0.5)
+    appender.append(b"line\n")
+    appender.close(b"last\n")
+
+    def fails() -> None:
+        raise AssertionError("a closed bundle was written to")
+
+    appender._drain = fails  # type: ignore[method-assign]
+    assert appender.flush()
+    assert (tmp_path / "x.sftrace").read_bytes() == b"head\nline\nlast\n"

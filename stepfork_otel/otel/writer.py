@@ -142,7 +142,8 @@ class BundleAppender:
         if not self._lock.acquire(timeout=timeout):
             return False
         try:
-            self._drain()
+            if self._fd is not None:  # (closed meanwhile: nothing left to write)
+                self._drain()
         finally:
             self._lock.release()
         return True
@@ -216,6 +217,8 @@ class _Flusher:
             self._wake.clear()
             if not intervals:
                 continue
+            with self._lock:  # the bundles open now (some closed while this thread waited);
+                appenders = [a for a in self._open if a.flush_interval]  # 0: they write at once
             token = context_api.attach(context_api.set_value(_SUPPRESS_KEY, True))
             try:
                 for appender in appenders:
