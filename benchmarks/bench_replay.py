@@ -108,7 +108,7 @@ def _parts(agent: _Agent, path: Any) -> list[list[str]]:
     inputs = [{"request": v, "n": n} if n % 2 == 0 else v for n, v in enumerate(agent.inputs)]
     outcomes = [o for c in trace.calls if (o := trace.outcome_of(c)) and o.output]
     outputs = [o.output for o in outcomes]
-    orders = [[(e.path, e.order) for e in o.output_key_order or ()] for o in outcomes]
+    orders = [o.output_key_order or [] for o in outcomes]
     rows = []
     for label, fn, items in (
         ("canonical JSON of the input (`canonical_bytes`)", canonical_bytes, inputs),

@@ -4,6 +4,7 @@ incomplete bundles -- and every way a bundle can be broken or hostile, each of w
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -24,6 +25,7 @@ from stepfork_otel.trace.checks import missing_payloads, validate_structure, ver
 from stepfork_otel.trace.errors import BundleError, BundleVersionError, Problem
 from stepfork_otel.trace.limits import ReadLimits
 from stepfork_otel.trace.models import (
+    EVENT_ADAPTER,
     ContextSpan,
     ErrorEvent,
     Event,
@@ -37,6 +39,8 @@ from stepfork_otel.trace.models import (
     payload_value,
 )
 from stepfork_otel.trace.policy import ReplayPolicy
+
+GOLDEN = Path(__file__).parent / "golden"
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 
@@ -1031,3 +1035,50 @@ def test_verify_integrity_checks_model_fingerprints(tmp_path: Path) -> None:
     problems = verify_integrity(trace.model_copy(update={"events": events}))
     assert [p.event_id for p in problems] == ["call-1", "call-3"]
     assert all("model fingerprint mismatch" in p.message for p in problems)
+
+
+# --- the event line: orjson over the validated fields, as the adapter would write it ----------
+
+
+def _every_event() -> list[Any]:
+    """Each golden bundle's events (tool and LLM calls and results, errors, replay actions, key
+    orders, usage), and events with every optional field set or unset."""
+    events: list[Any] = []
+    for path in sorted(GOLDEN.glob("*.sftrace")):
+        with contextlib.suppress(BundleError):  # (the tampered goldens are meant to fail)
+            events.extend(Trace.load(path).events)
+    base = dict(trace_id="a" * 32, span_id="b" * 16, seq=3, parent_id="call-2")
+    events += [
+        ToolCall(id="call-3", name="t\u00e9\U0001f600", input='{"a":1}', **base),
+        LlmResponse(
+            id="call-3.result",
+            output="{}",
+            usage={"input_tokens": 2**40, "output_tokens": 0},
+            output_key_order=[{"path": ["a", 0, ""], "order": [1, 0]}],
+            replay_action="substituted",
+            replay_policy="manual",
+            provider="openai",
+            model="gpt-x",
+            duration_ns=2**62,
+            **base,
+        ),
+        ErrorEvent(id="call-3.error", error_type="E", message="", output=None, **base),
+    ]
+    return events
+
+
+def test_an_event_line_is_the_adapters_json_of_the_event() -> None:
+    events = _every_event()
+    assert len(events) > 100
+    for event in events:
+        payload = "input" if isinstance(event, (ToolCall, LlmRequest)) else "output"
+        expected = EVENT_ADAPTER.dump_json(event, exclude_none=True, exclude={payload})
+        assert bundle._event_json(event, payload) == expected, event.id
+
+
+def test_an_event_orjson_refuses_is_written_by_the_adapter() -> None:
+    event = ToolCall(id="call-1", name="lone \ud800", trace_id="a" * 32, span_id="b" * 16, seq=1)
+    with pytest.raises(Exception) as refused:  # neither encoder writes a lone surrogate
+        EVENT_ADAPTER.dump_json(event, exclude_none=True, exclude={"input"})
+    with pytest.raises(type(refused.value)):
+        bundle._event_json(event, "input")

@@ -15,7 +15,13 @@ from otlp_receiver import collector_lines
 from stepfork_otel import ReplaySession, Trace, iter_traces_from_otlp_json, llm_request, record
 from stepfork_otel import trace_tool as tool
 from stepfork_otel.trace.bundle import dump_trace
-from stepfork_otel.trace.canonical import canonical_json, key_order, loads, restore_key_order
+from stepfork_otel.trace.canonical import (
+    KeyOrder,
+    canonical_json,
+    key_order,
+    loads,
+    restore_key_order,
+)
 from stepfork_otel.trace.payload import capture
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
 
@@ -126,12 +132,12 @@ def test_a_sorted_value_adds_nothing_and_a_format_1_bundle_still_replays(
 
 def test_a_hostile_key_order_is_ignored_not_obeyed() -> None:
     value = loads('{"a":{"x":1,"y":2},"b":[{"p":1,"q":2}]}')
-    hostile = [
-        (["a"], [0, 0]),  # not a permutation
-        (["nope"], [1, 0]),  # no such key
-        (["b", 7], [1, 0]),  # no such index
-        (["a", "x"], [0]),  # not an object
-        (["b", 0], [1, 0]),  # the one entry that fits
+    hostile: list[KeyOrder] = [
+        {"path": ["a"], "order": [0, 0]},  # not a permutation
+        {"path": ["nope"], "order": [1, 0]},  # no such key
+        {"path": ["b", 7], "order": [1, 0]},  # no such index
+        {"path": ["a", "x"], "order": [0]},  # not an object
+        {"path": ["b", 0], "order": [1, 0]},  # the one entry that fits
     ]
     restored = restore_key_order(value, hostile)
     assert json.dumps(restored, separators=(",", ":")) == '{"a":{"x":1,"y":2},"b":[{"q":2,"p":1}]}'
@@ -166,5 +172,5 @@ def test_restoring_the_key_order_gives_the_value_as_returned(value: Any) -> None
 def test_a_permutation_out_of_range_never_loses_a_key() -> None:
     value = loads('{"a":1,"b":2}')
     for permutation in ([-1, 1], [1, 1], [0, 2], [0], [1, 0, 2]):
-        restored = restore_key_order(value, [([], permutation)])
+        restored = restore_key_order(value, [{"path": [], "order": permutation}])
         assert sorted(restored) == ["a", "b"], permutation

@@ -122,9 +122,7 @@ def substitute(
             raise _missing(call, position, expected, why)
         # as the call returned it: keys in its order, not the sorted form matching uses
         if outcome.output_key_order:
-            value = restore_key_order(
-                value, [(entry.path, entry.order) for entry in outcome.output_key_order]
-            )
+            value = restore_key_order(value, outcome.output_key_order)
     text = outcome.output or ""
     output = Payload(
         text,

@@ -43,6 +43,7 @@ both paths give the same bytes for everything the fast path accepts.
 from __future__ import annotations
 
 import base64
+import collections
 import dataclasses
 import datetime
 import decimal
@@ -59,6 +60,7 @@ from typing import Any
 
 import orjson
 import pydantic
+from typing_extensions import TypedDict  # (pydantic reads typing's only from Python 3.12)
 
 from stepfork_otel.constants import FINGERPRINT_CHARS
 
@@ -264,19 +266,28 @@ def _encode(value: Any, option: int, default: Callable[[Any], Any] = _default) -
 # Matching and fingerprints use the canonical (sorted-key) form; what a replay hands back is the
 # value as the call returned it, so an agent that ``json.dumps`` a tool result into its next
 # prompt builds the prompt it built when recording. The order is kept as a list of
-# (path, permutation) pairs, one per object whose keys were not in sorted order: small, derived
-# once when the bundle is built, and applied in time proportional to the pairs at replay.
+# (path, permutation) entries, one per object whose keys were not in sorted order: small, derived
+# once when the call's events are written, and applied in time proportional to the entries at
+# replay.
 
-KeyOrder = tuple[list[str | int], list[int]]
+
+@pydantic.with_config(pydantic.ConfigDict(extra="forbid"))
+class KeyOrder(TypedDict):
+    """One object of a recorded output whose keys came back in another order than sorted."""
+
+    path: list[str | int]
+    """Where the object is in the output: keys and list indexes from the top (empty: the top)."""
+    order: list[int]
+    """The positions of its keys in sorted order, listed in the order the call returned them."""
 
 
 def key_order(canonical: str | None, as_returned: str | None) -> list[KeyOrder] | None:
     """Where ``as_returned`` (the same value as ``canonical``, keys in returned order) orders an
-    object's keys otherwise than sorted: ``(path, permutation)`` pairs, the permutation listing
-    the positions in the sorted keys in returned order. None when nothing differs. Only
-    ``as_returned`` is read (one decode): the recorder made both texts from one value. Were they
-    not the same value, an entry that does not fit is ignored when restoring, and one that fits
-    can only reorder keys, never change one."""
+    object's keys otherwise than sorted: one :class:`KeyOrder` per such object, shorter paths
+    first (breadth first; at one depth, later keys and indexes first). None when nothing
+    differs. Only ``as_returned`` is read (one decode): the recorder made both texts from one
+    value. Were they not the same value, an entry that does not fit is ignored when restoring,
+    and one that fits can only reorder keys, never change one."""
     if canonical is None or as_returned is None or canonical == as_returned:
         return None
     try:
@@ -284,27 +295,26 @@ def key_order(canonical: str | None, as_returned: str | None) -> list[KeyOrder] 
     except orjson.JSONDecodeError:
         return None
     found: list[KeyOrder] = []
-    stack: list[tuple[Any, list[str | int]]] = [(returned, [])]
-    while stack:
-        node, path = stack.pop()
+    queue: collections.deque[tuple[Any, list[str | int]]] = collections.deque([(returned, [])])
+    take, put = queue.popleft, queue.append
+    while queue:
+        node, path = take()
         if type(node) is dict:
             keys = list(node)
             ordered = sorted(keys)
             if keys != ordered:
                 position = {key: i for i, key in enumerate(ordered)}
-                found.append((path, [position[key] for key in keys]))
-            for key in ordered:
+                found.append({"path": path, "order": [position[key] for key in keys]})
+            for key in reversed(ordered):
                 child = node[key]
                 if type(child) is dict or type(child) is list:
-                    stack.append((child, [*path, key]))
+                    put((child, [*path, key]))
         elif type(node) is list:
-            for i, child in enumerate(node):
+            for i in range(len(node) - 1, -1, -1):
+                child = node[i]
                 if type(child) is dict or type(child) is list:
-                    stack.append((child, [*path, i]))
-    if not found:
-        return None
-    found.sort(key=lambda entry: len(entry[0]))
-    return found
+                    put((child, [*path, i]))
+    return found or None
 
 
 def restore_key_order(value: Any, order: Sequence[KeyOrder] | None) -> Any:
@@ -315,11 +325,11 @@ def restore_key_order(value: Any, order: Sequence[KeyOrder] | None) -> Any:
     if not order:
         return value
     trie: dict[Any, Any] = {}
-    for path, permutation in order:
+    for entry in order:
         node = trie
-        for step in path:  # a node's steps are all keys (an object) or all indexes (a list)
+        for step in entry["path"]:  # a node's steps are all keys (an object) or all indexes
             node = node.setdefault(step, {})
-        node[None] = permutation
+        node[None] = entry["order"]
     return _restore(value, trie)
 
 

@@ -50,7 +50,6 @@ from stepfork_otel.trace.models import (
     ContextSpan,
     ErrorEvent,
     Event,
-    KeyOrder,
     LlmRequest,
     LlmResponse,
     RunInfo,
@@ -156,9 +155,13 @@ def _usage(attrs: Mapping[str, Any]) -> dict[str, int] | None:
     return usage or None
 
 
-def _key_order(canonical: str | None, as_returned: str | None) -> list[KeyOrder] | None:
-    found = key_order(canonical, as_returned)
-    return None if found is None else [KeyOrder(path=path, order=order) for path, order in found]
+def _with_key_order(event: Event, canonical: str | None, as_returned: str | None) -> Event:
+    """``event`` with the key order of its output (see ``canonical.key_order``), set without
+    validating it again: the walk builds it from decoded JSON, so its types hold by
+    construction, and validating its entries cost more than building the rest of the event
+    (about 1 µs each, 16 in a 2 KB output)."""
+    order = key_order(canonical, as_returned)
+    return event if order is None else event.model_copy(update={"output_key_order": order})
 
 
 def _call_order(span: SpanRecord) -> tuple[int, int, str]:
@@ -199,18 +202,20 @@ def _outcome(span: SpanRecord, call_id: str, base: dict[str, Any], name: str) ->
         output_sha256=out.sha256,
         output_size=out.size,
         output_missing=out.missing,
-        output_key_order=_key_order(out.text, out.as_returned),
     )
+    result: Event
     if span.stepfork_kind == k.KIND_TOOL:
-        return ToolResult(id=f"{call_id}.result", name=name, **payload, **common)
-    return LlmResponse(
-        id=f"{call_id}.result",
-        provider=_str(attrs, k.GEN_AI_PROVIDER_NAME),
-        model=_str(attrs, k.GEN_AI_RESPONSE_MODEL) or _str(attrs, k.GEN_AI_REQUEST_MODEL),
-        usage=_usage(attrs),
-        **payload,
-        **common,
-    )
+        result = ToolResult(id=f"{call_id}.result", name=name, **payload, **common)
+    else:
+        result = LlmResponse(
+            id=f"{call_id}.result",
+            provider=_str(attrs, k.GEN_AI_PROVIDER_NAME),
+            model=_str(attrs, k.GEN_AI_RESPONSE_MODEL) or _str(attrs, k.GEN_AI_REQUEST_MODEL),
+            usage=_usage(attrs),
+            **payload,
+            **common,
+        )
+    return _with_key_order(result, out.text, out.as_returned)
 
 
 def _call_event(

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from stepfork_otel.constants import FORMAT_NAME, FORMAT_VERSION, CapturedKind, ReplayAction
-from stepfork_otel.trace.canonical import canonical_json
+from stepfork_otel.trace.canonical import KeyOrder, canonical_json
 from stepfork_otel.trace.canonical import loads as canonical_loads
 from stepfork_otel.trace.policy import ReplayPolicy
 
@@ -64,15 +64,6 @@ class _CallEvent(_Event):
     """Redacted canonical JSON of the input, exactly the text that ``input_sha256`` hashes."""
     input_size: int | None = None
     input_missing: MissingReason | None = None
-
-
-class KeyOrder(_Model):
-    """One object of a recorded output whose keys came back in another order than sorted."""
-
-    path: list[str | int]
-    """Where the object is in the output: keys and list indexes from the top (empty: the top)."""
-    order: list[int]
-    """The positions of its keys in sorted order, listed in the order the call returned them."""
 
 
 class _OutcomeEvent(_Event):
