@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from cli_support import Bundles, bundles, record_tiny, stepfork, stepfork_on_terminal, tiny_copy
@@ -183,3 +185,43 @@ def test_show_escapes_terminal_control_sequences_from_the_bundle(
     assert "\x1b" not in shown.stdout
     assert "\x07" not in shown.stdout
     assert "agent\\x1b]0;owned\\x07\\x1b[2J" in shown.stdout
+
+
+_CALLS_UNDER_A_SPAN = """
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+import stepfork_otel as sf
+
+provider = TracerProvider()
+trace.set_tracer_provider(provider)
+sf.configure(tracer_provider=provider, directory={directory!r})
+
+@sf.trace_tool
+def add(a: int, b: int) -> int:
+    return a + b
+
+with trace.get_tracer("agent").start_as_current_span("my agent"):
+    add(1, 2)
+    add(3, 4)
+"""
+
+
+def test_show_names_calls_made_outside_a_run_after_the_users_span(tmp_path: Path) -> None:
+    """Calls outside any ``record(...)``, bundled at the user's own root span: no run span, so
+    no run input or output, and not "a run that did not finish"."""
+    script = tmp_path / "agent.py"
+    script.write_text(_CALLS_UNDER_A_SPAN.format(directory=str(tmp_path / "out")), "utf-8")
+    ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    (bundle,) = (tmp_path / "out").glob("*.sftrace")
+    result = stepfork("show", bundle)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("calls under your span 'my agent'  ended  "), lines[0]
+    assert lines[0].rsplit("  ", 1)[1] != "-"  # the span's own duration
+    assert lines[2:4] == [
+        "  2 calls (0 llm, 2 tool)",
+        "  your own spans around the calls: my agent",
+    ]
+    assert not any(line.startswith(("  input ", "  output ")) for line in lines)
+    assert "did not finish" not in result.stdout

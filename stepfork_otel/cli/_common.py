@@ -151,6 +151,37 @@ def format_duration(ns: int) -> str:
     return f"{ns / 1_000_000_000:.2f} s"
 
 
+def has_run_span(trace: Trace) -> bool:
+    """Whether the bundle was written at a run span (``record(...)``, or a replay's run)."""
+    run = trace.run
+    return run.span_id is not None or run.name is not None or run.status != "unset"
+
+
+def run_heading(trace: Trace) -> tuple[str, str, int]:
+    """What ``show`` and the replay report call a bundle's run, how it ended, and how long it
+    took (ns). A bundle written at a root span of the user's own -- calls outside any
+    ``record(...)`` -- has no run span: it is named after that span, and "ended" when it did
+    (its status unset), rather than reported as a run that did not finish."""
+    run = trace.run
+    status: str
+    if has_run_span(trace):
+        status = run.status if run.status != "unset" else "did not finish"
+        took = run.end_time_unix_nano - run.start_time_unix_nano
+        return f"run {run.name or '(unnamed)'}", status, took
+    ids = {span.span_id for span in trace.context}
+    root = next((s for s in trace.context if s.parent_span_id not in ids), None)
+    if not trace.complete:
+        status = "did not finish"
+    elif root is None:
+        status = "ended"
+    else:
+        status = {"error": "error", "ok": "ok"}.get(root.status, "ended")
+    if root is None:
+        return "calls outside a run", status, 0
+    name = f"calls under your span {root.name!r}"
+    return name, status, root.end_time_unix_nano - root.start_time_unix_nano
+
+
 # --- terminal --------------------------------------------------------------------------------------
 
 

@@ -43,11 +43,13 @@ from stepfork_otel.cli._common import (
     call_input_text,
     call_text,
     check_arguments,
+    has_run_span,
     is_terminal,
     json_text,
     load_bundle,
     recorded_arguments,
     resolve_entrypoint,
+    run_heading,
     terminal_safe,
 )
 from stepfork_otel.replay.errors import (
@@ -310,6 +312,9 @@ class ReplayReport:
 
     def recorded_summary(self) -> str:
         run = self.trace.run
+        if not has_run_span(self.trace):
+            name, ended, _ = run_heading(self.trace)
+            return f"{name}, {ended}, {len(self.trace.calls)} calls"
         status = (
             f"failed with {run.error_type}"
             if run.status == "error"

@@ -23,7 +23,9 @@ from stepfork_otel.cli._common import (
     add_common_arguments,
     call_input_text,
     format_duration,
+    has_run_span,
     load_bundle,
+    run_heading,
 )
 from stepfork_otel.replay.report import report_preview
 from stepfork_otel.trace.canonical import short_fingerprint
@@ -92,13 +94,12 @@ def _input_text(call: CallEvent) -> str | None:
 
 def run_lines(trace: Trace, style: Style, verbose: bool) -> list[str]:
     run = trace.run
-    status = style.status(run.status if run.status != "unset" else "did not finish")
+    name, ended, took = run_heading(trace)
+    status = style.status(ended)
     error = f" {run.error_type}" if run.error_type else ""
-    duration = format_duration(run.end_time_unix_nano - run.start_time_unix_nano)
+    duration = format_duration(took)
     replay = f"  (a replay run, mode {run.replay_mode})" if run.replay_mode else ""
-    lines = [
-        style.bold(f"run {run.name or '(unnamed)'}") + f"  {status}{error}  {duration}{replay}"
-    ]
+    lines = [style.bold(name) + f"  {status}{error}  {duration}{replay}"]
     head = [
         f"trace {abbreviate(trace.trace_id, verbose)}",
         f"format {trace.format_version}",
@@ -109,15 +110,16 @@ def run_lines(trace: Trace, style: Style, verbose: bool) -> list[str]:
     lines.append("  " + " · ".join(head))
     if run.entrypoint:
         lines.append(f"  entrypoint {run.entrypoint} (recorded hint; never executed)")
-    lines.append("  " + _payload("input ", run.input, run.input_sha256, run.input_missing, verbose))
-    if run.status == "error":
+    if has_run_span(trace):  # (calls outside a run have no run input or output)
         lines.append(
-            "  "
-            + style.red(f"error  {run.error_type}: {report_preview(run.error_message, verbose)}")
+            "  " + _payload("input ", run.input, run.input_sha256, run.input_missing, verbose)
         )
-    lines.append(
-        "  " + _payload("output", run.output, run.output_sha256, run.output_missing, verbose)
-    )
+        if run.status == "error":
+            preview = report_preview(run.error_message, verbose)
+            lines.append("  " + style.red(f"error  {run.error_type}: {preview}"))
+        lines.append(
+            "  " + _payload("output", run.output, run.output_sha256, run.output_missing, verbose)
+        )
     calls = trace.calls
     tools = sum(1 for c in calls if isinstance(c, ToolCall))
     lines.append(f"  {len(calls)} calls ({len(calls) - tools} llm, {tools} tool)")
