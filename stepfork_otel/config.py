@@ -40,6 +40,9 @@ class RecordingSettings:
     capture: tuple[str, ...] = ()
     """What runs capture by default (``configure(capture=...)``): clock, randomness, uuid,
     secrets and environment reads, ``("all",)`` or ``("audit",)``; ``record(capture=...)`` overrides."""
+    capture_packages: tuple[str, ...] = ()
+    """Packages whose reads count as the run's own code even where they are installed
+    (``site-packages``): an agent deployed as a package (``configure(capture_packages=...)``)."""
 
 
 class RecordingConfig:

@@ -907,3 +907,70 @@ def test_stepfork_replay_serves_captured_reads_and_takes_captured_lenient(tmp_pa
     lenient = run(*replay, "--captured", "lenient")
     assert "note: read live (captured='lenient'): captured read 1 differs" in lenient.stdout
     assert lenient.returncode == 1  # the live uuid changed the call's input
+
+
+INSTALLED_AGENT = """
+import time
+import uuid
+from datetime import datetime
+
+from stepfork_otel import trace_tool
+
+
+@trace_tool
+def ask(prompt: str) -> str:
+    return prompt.upper()
+
+
+def main() -> str:
+    return ask(f"request {uuid.uuid4()} at {time.time()} on {datetime.now():%A}")
+"""
+
+
+def test_an_agent_installed_as_a_package_is_captured_once_named(
+    recording: Recording, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Code under ``site-packages`` is a library's, its reads not the run's -- unless
+    ``configure(capture_packages=...)`` names its package: then it records and replays like the
+    run's own code (the sites are by module name, so the same wherever it is installed)."""
+    from stepfork_otel import configure
+
+    installed = tmp_path / "lib" / "site-packages" / "acme_agent"
+    installed.mkdir(parents=True)
+    (installed / "__init__.py").write_text(INSTALLED_AGENT, "utf-8")
+    monkeypatch.syspath_prepend(str(installed.parent))
+    monkeypatch.delitem(sys.modules, "acme_agent", raising=False)
+    import acme_agent  # type: ignore[import-not-found]
+
+    _, unnamed = _record(tmp_path / "unnamed.sftrace", acme_agent.main, ("time", "uuid"))
+    assert unnamed.captured == []  # an installed package's reads: not the run's
+
+    configure(capture_packages="acme_agent")
+    try:
+        recorded, trace = _record(tmp_path / "named.sftrace", acme_agent.main, ("time", "uuid"))
+        assert [(r.source, r.module, r.function) for r in trace.captured] == [
+            ("uuid.uuid4", "acme_agent", "main"),
+            ("time.time", "acme_agent", "main"),
+            ("datetime.now", "acme_agent", "main"),  # its own name for datetime, replaced too
+        ]
+        replayed, session = _replay(tmp_path / "named.sftrace", acme_agent.main)
+        assert replayed == recorded
+        session.verify_complete()
+    finally:
+        configure(capture_packages=())
+    _, again = _record(tmp_path / "again.sftrace", acme_agent.main, ("time", "uuid"))
+    assert again.captured == []  # the verdicts are made again when the setting changes
+
+
+def test_capture_packages_takes_import_names_only() -> None:
+    from stepfork_otel import configure
+
+    for wrong, error, says in (
+        ("my agent", ValueError, "not a package's import name"),
+        ("", ValueError, "not a package's import name"),
+        ([3], TypeError, "package names"),
+        ("stepfork_otel.recording", ValueError, "never captured"),
+        ("stepfork_otel", ValueError, "never captured"),
+    ):
+        with pytest.raises(error, match=says):
+            configure(capture_packages=wrong)  # type: ignore[arg-type]

@@ -39,7 +39,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from stepfork_otel.config import CONFIG
 from stepfork_otel.otel.processor import SftraceSpanProcessor
 from stepfork_otel.otel.redacting import enable_span_redaction
-from stepfork_otel.recording.determinism import capture_groups
+from stepfork_otel.recording.determinism import capture_groups, package_names
 from stepfork_otel.trace.redaction import Redactor
 
 logger = logging.getLogger("stepfork_otel")
@@ -110,6 +110,7 @@ def configure(
     flush_interval: float | None = None,
     fsync_interval: float | None = None,
     capture: str | Iterable[str] | None = None,
+    capture_packages: str | Iterable[str] | None = None,
 ) -> SftraceSpanProcessor:
     """Attach stepfork to OpenTelemetry and set recording options; returns the bundle processor.
 
@@ -130,6 +131,10 @@ def configure(
     ``capture``: what every run captures unless ``record(capture=...)`` says otherwise --
     ``"time"``, ``"random"``, ``"uuid"``, ``"secrets"``, ``"env"``, ``"all"`` or ``"audit"`` (see
     :mod:`stepfork_otel.recording.determinism`); ``()`` captures nothing again.
+    ``capture_packages``: the import names of your own packages (``"my_agent"``, covering
+    ``my_agent.*``) whose reads are captured even when they run from ``site-packages`` -- an
+    agent deployed as an installed package; code installed there is otherwise a library's, and
+    its reads are not the run's. Set the same in the process that replays (``()``: none again).
     """
     for name, cap in (
         ("max_open_traces", max_open_traces),
@@ -159,6 +164,8 @@ def configure(
     if capture is not None:
         capture_groups(capture)  # a wrong name is refused here, not at the first run
         changes["capture"] = (capture,) if isinstance(capture, str) else tuple(capture)
+    if capture_packages is not None:
+        changes["capture_packages"] = package_names(capture_packages)
     if changes:
         CONFIG.update(**changes)
     if redact_all_spans:

@@ -22,7 +22,8 @@ what it did.
 started with a copied context and asyncio tasks are covered) by the run's *own* code: the caller's
 file must not be the standard library, an installed package (``site-packages``/``dist-packages``)
 or stepfork itself -- the SDK's retry jitter, the OTel SDK's clock and stepfork's call numbering
-are never captured. Nor are reads inside a boundary's body (a ``@trace_tool`` function, the body of
+are never captured -- unless its module is in one of the packages named by
+``configure(capture_packages=...)`` (an agent deployed as an installed package). Nor are reads inside a boundary's body (a ``@trace_tool`` function, the body of
 an ``llm_request``): that body is the dependency; frozen replay does not run it, and a body that
 runs live reads live. Monotonic clocks (``time.monotonic``, ``perf_counter``) are not sources, so
 timeouts and durations keep working.
@@ -59,6 +60,7 @@ from opentelemetry import context as context_api
 
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors
+from stepfork_otel.config import CONFIG
 from stepfork_otel.recording.contract import Replayer, Site, current_session
 from stepfork_otel.trace.captured import RANDOM_FUNCTIONS
 from stepfork_otel.trace.models import env_fingerprint
@@ -72,6 +74,7 @@ __all__ = [
     "env_fingerprint",
     "in_body",
     "mark_body",
+    "package_names",
     "release",
     "start_run",
     "take_pending",
@@ -98,6 +101,26 @@ def _library_roots() -> tuple[str, ...]:
 _LIBRARY_ROOTS = _library_roots()
 _PACKAGE_DIRS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 _user_frames: dict[tuple[str, Any], bool] = {}
+#: The ``capture_packages`` the frame verdicts above were made with (cleared when they change).
+_user_frames_packages: tuple[str, ...] = ()
+
+
+def package_names(value: str | Iterable[str]) -> tuple[str, ...]:
+    """``configure(capture_packages=...)`` checked: import names (``my_agent``, ``acme.agent``).
+    Raises ``TypeError`` / ``ValueError`` naming what is wrong."""
+    names = (value,) if isinstance(value, str) else tuple(value)
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"capture_packages takes package names (str), not {name!r}")
+        if not name or not all(part.isidentifier() for part in name.split(".")):
+            raise ValueError(f"capture_packages: {name!r} is not a package's import name")
+        if _in_packages("stepfork_otel", (name,)) or _in_packages(name, ("stepfork_otel",)):
+            raise ValueError("capture_packages: stepfork_otel's own reads are never captured")
+    return names
+
+
+def _in_packages(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -110,7 +133,11 @@ def _is_user_file(filename: str) -> bool:
     return not any(real == root or real.startswith(root + os.sep) for root in _LIBRARY_ROOTS)
 
 
-def _is_user_frame(filename: str, namespace: dict[str, Any]) -> bool:
+def _is_user_frame(filename: str, namespace: dict[str, Any], packages: tuple[str, ...]) -> bool:
+    if packages:  # named as the run's own wherever it is installed
+        name = namespace.get("__name__")
+        if isinstance(name, str) and _in_packages(name, packages):
+            return True
     if not filename.startswith("<"):
         return _is_user_file(filename)
     # Frozen, built-in or generated code (``<frozen os>``, a dataclass's ``__init__`` made by
@@ -125,12 +152,17 @@ def _site_of(frame: types.FrameType | None) -> Site | None:
     """The call site of ``frame`` when it is the run's own code, else None."""
     if frame is None:
         return None
+    global _user_frames_packages
     code = frame.f_code
     namespace = frame.f_globals
+    packages = CONFIG.settings.capture_packages
+    if packages is not _user_frames_packages:
+        _user_frames.clear()
+        _user_frames_packages = packages
     key = (code.co_filename, namespace.get("__name__"))
     user = _user_frames.get(key)
     if user is None:
-        user = _user_frames[key] = _is_user_frame(code.co_filename, namespace)
+        user = _user_frames[key] = _is_user_frame(code.co_filename, namespace, packages)
     if not user:
         return None
     function = getattr(code, "co_qualname", code.co_name)
@@ -742,9 +774,14 @@ def _module_patches() -> list[_Patch]:
     by_id[id(_REAL_DATETIME)] = CapturedDatetime
     by_id[id(_REAL_DATE)] = CapturedDate
     patches: list[_Patch] = []
+    packages = CONFIG.settings.capture_packages
     for module in list(sys.modules.values()):
         filename = getattr(module, "__file__", None)
-        if not isinstance(filename, str) or filename.startswith("<") or not _is_user_file(filename):
+        if not isinstance(filename, str) or filename.startswith("<"):
+            continue
+        name = getattr(module, "__name__", None)
+        own = bool(packages) and isinstance(name, str) and _in_packages(name, packages)
+        if not own and not _is_user_file(filename):
             continue
         namespace = getattr(module, "__dict__", None)
         if not isinstance(namespace, dict):
