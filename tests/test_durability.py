@@ -239,6 +239,74 @@ def test_sigterm_never_replaces_the_programs_own_handler(tmp_path: Path) -> None
     assert not journal_path(killed.directory / "run.sftrace").exists()
 
 
+#: The zero-code shape: no ``record(...)``, a directory, and the application's own span around
+#: the calls (a request handler); the trace's bundle is written as the calls go.
+CHILD_OUTSIDE_RUNS = textwrap.dedent(
+    """
+    import random, sys, time
+    from pathlib import Path
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from stepfork_otel import configure, trace_tool
+
+    out, seed, flush = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[4])
+    calls, pause = int(sys.argv[5]), float(sys.argv[6])
+    provider = TracerProvider()
+    trace.set_tracer_provider(provider)
+    configure(directory=out.parent, tracer_provider=provider, flush_interval=flush)
+    rng = random.Random(seed)
+
+    @trace_tool
+    def step(i: int) -> dict:
+        time.sleep(pause if rng.random() < 0.9 else 6 * pause)
+        return {"i": i, "pad": "x" * rng.randrange(10, 3000)}
+
+    with trace.get_tracer("app").start_as_current_span("handle request"):
+        print("started", flush=True)
+        for i in range(calls):
+            step(i)
+            print(i, flush=True)
+    print("ended", flush=True)
+    """
+)
+
+
+def test_calls_outside_runs_killed_mid_request_are_on_disk(tmp_path: Path) -> None:
+    """Killed while its request is handled, a process recording without ``record(...)`` leaves
+    the trace's bundle holding every call that returned (``flush_interval=0``), loadable and
+    replayable -- before, those calls were held in memory until the request's span ended."""
+    script = tmp_path / "child.py"
+    script.write_text(CHILD_OUTSIDE_RUNS)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        kills = list(
+            pool.map(
+                lambda n: _run_and_kill(script, tmp_path / f"kill-{n}", seed=500 + n),
+                range(16),
+            )
+        )
+    mid_run = 0
+    for killed in kills:
+        left = sorted(killed.directory.iterdir())
+        if not left or killed.ended:
+            continue  # killed before the first call, or after the request
+        (bundle,) = left
+        assert bundle.name.endswith(".sftrace"), bundle.name
+        assert "-" not in bundle.name, bundle.name  # <trace_id>.sftrace: the trace's own
+        trace = load_trace(bundle)
+        finished = [c for c in trace.calls if trace.outcome_of(c) is not None]
+        if trace.complete:
+            assert len(finished) == CALLS
+            continue
+        mid_run += 1
+        assert trace.run.span_id is None  # the trace's own bundle: no run
+        assert len(finished) >= killed.returned, (killed, len(finished))
+        assert [c.seq for c in trace.calls] == list(range(1, len(trace.calls) + 1))
+        with ReplaySession.from_trace(trace):
+            for i in range(len(finished)):
+                assert step(i)["i"] == i
+    assert mid_run >= 8, [k.lines[-1:] for k in kills]
+
+
 def test_leftover_temporary_files_of_dead_processes_are_deleted(tmp_path: Path) -> None:
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True

@@ -291,8 +291,9 @@ def test_processor_on_end_buffering(
     monkeypatch.setattr(processor_module, "_kind", explode)
     with record(tmp_path / "b.sftrace"):
         assert tool(3) == 6
-    assert internal_errors(logged)[0] == (
+    assert (  # (tracking the started spans failed first: it asks their kind too)
         "stepfork_otel internal error while buffering a finished span; the program continues"
+        in internal_errors(logged)
     )
 
 

@@ -139,12 +139,15 @@ def test_runs_inside_an_application_span_get_their_own_bundles(
     assert [c.input for c in Trace.load(tmp_path / "one.sftrace").calls] == [
         '{"key":"1","limit":2}'
     ]
-    assert two.path == recording.directory / f"{trace_id}.sftrace"
+    # the first bundle of the trace to start takes <trace_id>.sftrace: here the calls outside
+    # runs, written as they go from the first of them ("between"), before run two started
+    assert two.path is not None
     assert three.path is not None
-    assert three.path.name.startswith(f"{trace_id}-")  # a later run of the same trace
+    assert two.path.name.startswith(f"{trace_id}-")  # a later bundle of the trace
+    assert three.path.name.startswith(f"{trace_id}-")
     assert [c.input for c in two.trace.calls] == ['{"key":"2","limit":2}']
     assert [c.input for c in three.trace.calls] == ['{"key":"3","limit":2}']
-    outside = recording.directory / f"{trace_id}-outside-runs.sftrace"
+    outside = recording.directory / f"{trace_id}.sftrace"
     rest = Trace.load(outside)
     assert [c.input for c in rest.calls] == ['{"key":"between","limit":2}']
     assert [c.name for c in rest.context] == ["batch"]
@@ -214,11 +217,16 @@ def test_force_flush_snapshots_calls_outside_runs_with_their_open_calls(
     with tracer.start_as_current_span("request"):
         lookup("before")
         slow(1)
-    (snapshot,) = snapshots
-    assert snapshot.incomplete_reason == "the run had not finished when the bundle was flushed"
-    assert [e.type for e in snapshot.events] == ["tool_call", "tool_result", "tool_call"]
-    assert snapshot.outcome_of(snapshot.calls[1]) is None  # the call still running
-    assert processor.stats.bundles_written == 2
+    (snapshot,) = snapshots  # written as the calls go: the file is its own snapshot
+    assert (snapshot.incomplete_reason or "").startswith("the recording stopped before the run")
+    assert [e.type for e in snapshot.events] == ["tool_call", "tool_result"]  # ended calls
+    assert validate_structure(snapshot) == []
+    (final,) = (tmp_path / "dir").iterdir()
+    whole = Trace.load(final)
+    assert whole.complete is True
+    assert [e.type for e in whole.events] == ["tool_call", "tool_result"] * 2
+    assert [c.name for c in whole.context] == ["request"]
+    assert processor.stats.bundles_written == 1
 
 
 def test_shutdown_with_an_open_run_leaves_an_incomplete_bundle(
@@ -461,3 +469,116 @@ def test_two_bundle_processors_on_one_provider_both_get_whole_payloads(tmp_path:
         second.shutdown()
         CONFIG.use_tracer_provider(None)
         provider.shutdown()
+
+
+# --- calls outside runs, written as they go -----------------------------------------------------
+
+
+def _request(tracer: Any) -> str:
+    """An application's request: its own spans around calls, a call that calls another, a
+    failure, and a call from a worker thread that carries the request's context."""
+    with tracer.start_as_current_span("request") as root:
+        lookup("a")
+        with tracer.start_as_current_span("plan"):
+            nested("b")
+            with contextlib.suppress(ZeroDivisionError):
+                llm_request(provider="p", model="m", input="boom", call=lambda: 1 / 0)
+        worker = threading.Thread(target=copy_context().run, args=(lookup, "w"))
+        worker.start()
+        worker.join()
+        lookup("c", limit=1)
+    return format(root.get_span_context().trace_id, "032x")
+
+
+def test_calls_outside_runs_are_written_as_they_go_and_end_as_the_buffered_bundle(
+    recording: Recording, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trace's own bundle (calls outside any run) is written as the calls end, like a run's,
+    and closes into the bundle the processor used to build at once when the root ended."""
+    tracer = recording.provider.get_tracer("app")
+    seen: list[Trace] = []
+
+    @trace_tool
+    def peek() -> int:
+        recording.provider.force_flush()
+        (written,) = recording.directory.iterdir()
+        seen.append(Trace.load(written))
+        return len(seen)
+
+    with tracer.start_as_current_span("request") as root:
+        lookup("a")
+        peek()
+    live_id = format(root.get_span_context().trace_id, "032x")
+    (during,) = seen  # the file while the request ran: the call that had ended, no trailer
+    assert during.complete is False
+    assert [e.type for e in during.events] == ["tool_call", "tool_result"]
+    assert Trace.load(recording.directory / f"{live_id}.sftrace").complete
+
+    live = Trace.load(recording.directory / f"{_request(tracer)}.sftrace")
+    monkeypatch.setattr(SftraceSpanProcessor, "_open_outside", lambda *args: None)
+    buffered = Trace.load(recording.directory / f"{_request(tracer)}.sftrace")
+    assert live.complete is True
+    assert validate_structure(live) == []
+    assert verify_integrity(live) == []
+    assert outline(live) == outline(buffered)
+    assert [(c.name, c.status) for c in live.context] == [("request", "unset"), ("plan", "unset")]
+    assert [(c.name, c.status) for c in live.context] == [
+        (c.name, c.status) for c in buffered.context
+    ]
+    assert live.run == buffered.run
+    assert live.run.span_id is None  # calls outside runs: no run
+
+
+def test_a_run_inside_a_request_keeps_its_calls_out_of_the_requests_bundle(
+    recording: Recording, tmp_path: Path
+) -> None:
+    tracer = recording.provider.get_tracer("app")
+    with tracer.start_as_current_span("request") as root:
+        lookup("before")
+        with record(tmp_path / "run.sftrace"):
+            lookup("inside")
+            with tracer.start_as_current_span("step in the run"):
+                lookup("deeper")
+        lookup("after")
+    trace_id = format(root.get_span_context().trace_id, "032x")
+    rest = Trace.load(recording.directory / f"{trace_id}.sftrace")
+    assert [c.input for c in rest.calls] == [
+        '{"key":"before","limit":2}',
+        '{"key":"after","limit":2}',
+    ]
+    assert [c.name for c in rest.context] == ["request"]
+    run = Trace.load(tmp_path / "run.sftrace")
+    assert [c.input for c in run.calls] == [
+        '{"key":"inside","limit":2}',
+        '{"key":"deeper","limit":2}',
+    ]
+    assert [c.name for c in run.context] == ["step in the run"]
+
+
+def test_two_local_roots_of_one_trace_get_a_bundle_each(recording: Recording) -> None:
+    """Two requests of one distributed trace handled here at once (both children of the same
+    remote span): the first is written as it goes, the second buffered, each to its own file."""
+    remote = SpanContext(0xABC, 0x99, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    parent = trace_api.set_span_in_context(NonRecordingSpan(remote))
+    tracer = recording.provider.get_tracer("app")
+    first = tracer.start_span("first request", context=parent)
+    second = tracer.start_span("second request", context=parent)
+    with trace_api.use_span(first):
+        lookup("1a")
+    with trace_api.use_span(second):
+        lookup("2a")
+    with trace_api.use_span(first):
+        lookup("1b")
+    second.end()
+    first.end()
+    trace_id = f"{0xABC:032x}"
+    files = sorted(p.name for p in recording.directory.iterdir())
+    assert files == [f"{trace_id}-outside-runs.sftrace", f"{trace_id}.sftrace"]
+    one = Trace.load(recording.directory / f"{trace_id}.sftrace")
+    two = Trace.load(recording.directory / f"{trace_id}-outside-runs.sftrace")
+    assert [c.input for c in one.calls] == ['{"key":"1a","limit":2}', '{"key":"1b","limit":2}']
+    assert [c.input for c in two.calls] == ['{"key":"2a","limit":2}']
+    assert [c.name for c in one.context] == ["first request"]
+    assert [c.name for c in two.context] == ["second request"]
+    assert one.complete
+    assert two.complete

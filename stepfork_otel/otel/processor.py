@@ -1,14 +1,16 @@
 """``SftraceSpanProcessor``: turns each finished run into a `.sftrace` bundle.
 
-It buffers spans by trace id. When a *bundle root* ends it converts the root's subtree with the one
-span -> event conversion and writes the bundle atomically:
+It follows spans by trace id; a bundle is complete when its *bundle root* ends (the one
+span -> event conversion makes each call's events, written as the calls end; see below):
 
 * a **run span** (opened by ``record(...)``) -> the run's bundle, at the path ``record`` was given
   (or ``<trace_id>.sftrace`` in the configured directory); the run's spans then leave the buffer,
   so a long-lived span of the application around many runs does not pile them up;
 * a **local root** (no parent, or a remote parent) -> ``<trace_id>.sftrace`` in the configured
-  directory, if its subtree still holds boundary spans (calls made outside any run). The
-  application's own spans in the subtree are kept as context.
+  directory, if its subtree holds boundary spans outside every run (calls made outside any run).
+  The application's own spans in the subtree are kept as context. The first bundle of a trace to
+  start takes ``<trace_id>.sftrace``; a later one ``<trace_id>-<run span id>.sftrace``, or
+  ``<trace_id>-outside-runs.sftrace`` for the calls outside runs.
 
 Design choices, and why:
 
@@ -22,16 +24,18 @@ Design choices, and why:
   memory does not grow with the run's length and the run's end costs one trailer line. The
   file on disk is always a bundle that loads (``complete: false`` until the trailer): after
   ``SIGKILL`` it holds every call that ended more than ``flush_interval`` (1 s) before the kill.
-* Other bundles (calls outside runs, force-flushed snapshots of them) are buffered and written
-  at once. Memory is bounded: at most ``max_open_traces`` traces and ``max_spans_per_trace``
-  spans per trace held at a time (for a run written as it goes: its open spans -- a safety valve
-  that a long run never meets). Beyond that spans are dropped, counted in :attr:`stats`, and a warning is logged. A
-  bundle from a trace that lost spans says so (``dropped_spans``, ``complete: false``); a run whose
-  whole trace was refused still gets a bundle, holding only the run and the reason. Traces whose
-  spans have all ended but whose root was never seen are evicted first when the cap is reached.
-* ``force_flush`` writes a snapshot of every open run (and of boundary spans outside runs, when a
-  directory is configured), marked incomplete; the run keeps being buffered and its final bundle
-  replaces the snapshot when it ends. ``shutdown`` flushes and then stops.
+* So are the **calls outside runs** under an application span, from the first of them (the
+  local root's subtree without the runs' subtrees; the root's end writes the trailer). What is
+  left -- a call made outside any span -- is buffered and written at once. Memory is bounded: at
+  most ``max_open_traces`` traces and ``max_spans_per_trace`` spans per trace held at a time
+  (for a bundle written as it goes: its open spans -- a safety valve that a long run never
+  meets). Beyond that spans are dropped, counted in :attr:`stats`, and a warning is logged. A
+  bundle from a trace that lost spans says so (``dropped_spans``, ``complete: false``); a run
+  whose whole trace was refused still gets a bundle, holding only the run and the reason.
+  Traces whose spans have all ended but whose root was never seen are evicted first when the
+  cap is reached.
+* ``force_flush`` flushes every bundle written as it goes (the file is its own snapshot) and
+  writes a snapshot of what is buffered, marked incomplete; ``shutdown`` flushes and then stops.
 * Crash durability: a bundle left by a dead process loads as it is (``complete: false``, the
   calls that had ended); run journals of earlier versions left in a directory are recovered by
   the next recording there; at exit and on ``SIGTERM`` (when the program has no handler of its
@@ -131,6 +135,14 @@ def _local_parent(span: ReadableSpan) -> int | None:
     return None if parent is None or parent.is_remote else parent.span_id
 
 
+def _in_scope(lives: list[_Live] | None, span: Span) -> bool:
+    """Whether ``span`` starts inside a bundle written as it goes (its parent is in scope)."""
+    if not lives:
+        return False
+    parent = _local_parent(span)
+    return any(parent in live.scope for live in lives)
+
+
 @dataclass(slots=True)
 class _OpenTrace:
     ended: dict[int, tuple[ReadableSpan, Mapping[str, Payload]]] = field(default_factory=dict)
@@ -208,6 +220,9 @@ class _Live:
     """Of each call span that carried captured reads, its span id and those reads (small)."""
     captured_seq: dict[str, int] = field(default_factory=dict)
     """The call number of each span in ``captured``."""
+    outside: bool = False
+    """The bundle of the trace's calls outside every run: ``run_id`` is the local root (an
+    application span, kept as context), and run spans under it stay out of its scope."""
 
 
 class SftraceSpanProcessor(SpanProcessor):
@@ -351,24 +366,36 @@ class SftraceSpanProcessor(SpanProcessor):
                     run=run_info(record, None),
                 )
                 encoder = BundleEncoder(start)
-                flush = self.flush_interval if flush_interval is None else flush_interval
-                fsync = self.fsync_interval if fsync_interval is None else fsync_interval
-                appender = BundleAppender(
-                    path,
-                    encoder.head(),
-                    flush_interval=flush if self.journal and not math.isinf(flush or 0) else None,
-                    fsync_interval=None if fsync is None or math.isinf(fsync) else fsync,
-                )
+                appender = self._appender(path, encoder, flush_interval, fsync_interval)
                 lives.append(_Live(trace_id, run_id, appender, encoder, scope={run_id: None}))
             _watch_for_exit(self)
+
+    def _appender(
+        self,
+        path: Path,
+        encoder: BundleEncoder,
+        flush_interval: float | None = None,
+        fsync_interval: float | None = None,
+    ) -> BundleAppender:
+        """The file of a bundle written as it goes, its header written (``*_interval``: a
+        run's own, None: the processor's; ``math.inf``: never)."""
+        flush = self.flush_interval if flush_interval is None else flush_interval
+        fsync = self.fsync_interval if fsync_interval is None else fsync_interval
+        return BundleAppender(
+            path,
+            encoder.head(),
+            flush_interval=flush if self.journal and not math.isinf(flush or 0) else None,
+            fsync_interval=None if fsync is None or math.isinf(fsync) else fsync,
+        )
 
     def _live_start(self, lives: list[_Live], span: Span, span_id: int) -> None:
         """Number a span that starts in runs written as they go (caller holds the lock)."""
         parent = _local_parent(span)
-        is_call = (span.attributes or {}).get(k.KIND) in k.BOUNDARY_KINDS
+        kind = (span.attributes or {}).get(k.KIND)
+        is_call = kind in k.BOUNDARY_KINDS
         for live in lives:
-            if parent not in live.scope:
-                continue
+            if parent not in live.scope or (live.outside and kind == k.KIND_RUN):
+                continue  # (a run's spans are its own bundle's, not the calls outside runs')
             enclosing = live.scope[parent]
             if is_call:
                 n = live.next_call
@@ -378,6 +405,48 @@ class SftraceSpanProcessor(SpanProcessor):
                 live.scope[span_id] = call_id
             else:
                 live.scope[span_id] = enclosing
+
+    def _open_outside(self, entry: _OpenTrace, trace_id: int, call_id: int) -> None:
+        """At the first boundary call of a trace outside every run, start writing the trace's
+        own bundle (the calls outside runs) as it goes, like a run's (caller holds the lock):
+        its header now, each call as it ends, the trailer when the local root ends -- so a
+        killed process keeps those calls too. Left buffered, as before: a call with no span
+        around it (its bundle is the call alone, written when it ends), one inside a run that is
+        not written as it goes, a trace with no directory to go to, and the calls under a
+        second local root of the same trace in this process."""
+        lives = self._lives.get(trace_id, ())
+        if self.directory is None or any(live.outside for live in lives):
+            return  # (a second local root of the trace here: its calls are buffered, as before)
+        root, steps = call_id, 0
+        while True:  # up to the local root, through the spans open here
+            parent = _local_parent(entry.open[root])
+            if parent is None or parent not in entry.open or steps > len(entry.open):
+                break
+            root, steps = parent, steps + 1
+            if _kind(entry.open[root]) == k.KIND_RUN:
+                return
+        if root == call_id:
+            return
+        parents, kinds = entry.parents(), entry.kinds()
+        ids = {
+            i
+            for i in grouping.subtree(parents, root)
+            if kinds.get(i) != k.KIND_RUN and grouping.enclosing_run(parents, kinds, i) is None
+        }
+        if any(kinds.get(i) in k.BOUNDARY_KINDS for i in ids if i in entry.ended):
+            return  # calls of it were buffered already (the processor came late): stay so
+        # a name of its own (not a destination, which a buffered bundle of the trace would take)
+        path = self._claim(self._default_path(trace_id, None), trace_id, None)
+        redactor = self.config.settings.redactor
+        encoder = BundleEncoder(Trace(trace_id=format(trace_id, "032x"), run=run_info(None, None)))
+        appender = self._appender(path, encoder)
+        live = _Live(trace_id, root, appender, encoder, outside=True)
+        live.scope = {i: None for i in ids if i in entry.open and i != call_id}
+        for i in [i for i in ids if i in entry.ended]:  # application spans that already ended
+            ended, payloads = entry.ended.pop(i)
+            live.context.append(context_span(span_record(ended, payloads), redactor))
+        self._lives.setdefault(trace_id, []).append(live)
+        _watch_for_exit(self)
 
     def _live_end(self, span: ReadableSpan, span_id: int, payloads: Mapping[str, Payload]) -> bool:
         """Write an ended span to the bundles of the runs it is in; True if it was in one. The
@@ -487,7 +556,12 @@ class SftraceSpanProcessor(SpanProcessor):
         if reason is None and live.lost:
             reason = f"{live.lost} span(s) could not be written (internal error, logged)"
         mode = None if live.replay_mode is None else live.replay_mode[1]
-        captured, unreadable = captured_reads([*live.captured, run], live.captured_seq)
+        context = live.context
+        if live.outside:  # no run span: the local root is one of the application's spans
+            context = [*context, context_span(run, self.config.settings.redactor)]
+        captured, unreadable = captured_reads(
+            live.captured if live.outside else [*live.captured, run], live.captured_seq
+        )
         if reason is None and unreadable:
             reason = unreadable_reads_reason(unreadable)
         final = Trace(
@@ -495,8 +569,8 @@ class SftraceSpanProcessor(SpanProcessor):
             complete=reason is None,
             incomplete_reason=reason,
             dropped_spans=dropped,
-            run=run_info(run, mode),
-            context=sorted(live.context, key=lambda c: (c.start_time_unix_nano, c.span_id)),
+            run=run_info(None if live.outside else run, mode),
+            context=sorted(context, key=lambda c: (c.start_time_unix_nano, c.span_id)),
             captured=captured,
         )
         data = live.encoder.events(events) + live.encoder.trailer(final)
@@ -606,6 +680,9 @@ class SftraceSpanProcessor(SpanProcessor):
                     return  # counted as dropped when it ends
                 entry.open[ctx.span_id] = span
                 lives = self._lives.get(ctx.trace_id)
+                if _kind(span) in k.BOUNDARY_KINDS and not _in_scope(lives, span):
+                    self._open_outside(entry, ctx.trace_id, ctx.span_id)
+                    lives = self._lives.get(ctx.trace_id)
                 if lives:
                     self._live_start(lives, span, ctx.span_id)
 
@@ -666,8 +743,9 @@ class SftraceSpanProcessor(SpanProcessor):
         elif is_run:
             jobs.extend(self._run_job(trace_id, entry, span_id))
         if is_local_root:
-            # a run that is its own local root was written above: only clean up
-            jobs.extend(self._root_job(trace_id, entry, span_id, write=not is_run))
+            # a run that is its own local root was written above, and a root whose calls were
+            # written as they went has its bundle closed: only clean up
+            jobs.extend(self._root_job(trace_id, entry, span_id, write=not is_run and not live))
         return jobs
 
     def _drop_span(self, entry: _OpenTrace, trace_id: int) -> None:
@@ -788,7 +866,8 @@ class SftraceSpanProcessor(SpanProcessor):
 
     def _snapshot_jobs(self, trace_id: int, entry: _OpenTrace) -> list[_Job]:
         jobs: list[_Job] = []
-        live = {live.run_id for live in self._lives.get(trace_id, ())}
+        lives = self._lives.get(trace_id, ())
+        live = {None if live.outside else live.run_id for live in lives}
         for group in grouping.groups(entry.parents(), entry.kinds()):
             if group.run in live:
                 continue  # written as it goes: the file is already what it holds
