@@ -153,3 +153,35 @@ def test_calls_inside_a_sampled_out_user_span_are_not_recorded(tmp_path: Path) -
         assert agent() == "Paris!"  # the program runs as usual
     assert list(tmp_path.glob("*.sftrace")) == []
     provider.shutdown()
+
+
+class DecisionOnly(Sampler):
+    """A sampler that returns its decision alone: the SDK gives the span no attributes."""
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+        return SamplingResult(Decision.RECORD_AND_SAMPLE)
+
+    def get_description(self) -> str:
+        return "DecisionOnly"
+
+
+def test_a_sampler_that_drops_the_attributes_is_named_not_silent(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Such a sampler strips stepfork's attributes, so the run and its calls are no longer
+    recognised: the bundle holds no call. It is said, once, at the first span."""
+    provider = TracerProvider(sampler=DecisionOnly())
+    configure(tracer_provider=provider)
+    with caplog.at_level(logging.WARNING, logger="stepfork_otel"):
+        with record(tmp_path / "run.sftrace") as run:
+            run.set_output(agent())
+        with record(tmp_path / "again.sftrace"):
+            agent()
+    warned = [
+        r.message for r in caplog.records if "SamplingResult(decision, attributes)" in r.message
+    ]
+    assert len(warned) == 1, caplog.text
+    assert "sampler returned its decision without the span's attributes" in warned[0]
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "otel-setups.md").read_text("utf-8")
+    assert f"WARNING:stepfork_otel:{warned[0]}\n" in docs  # the page shows it as it is
+    assert Trace.load(tmp_path / "run.sftrace").calls == []  # what the warning is about

@@ -28,6 +28,7 @@ from stepfork_otel.otel.setup import ensure_bundle_processor
 from stepfork_otel.recording import determinism
 from stepfork_otel.recording.spans import (
     call_start_time,
+    check_attributes_kept,
     current_run,
     end_span,
     record_failure,
@@ -121,7 +122,8 @@ class RunRecorder:
             attributes[k.RUN_KEEP] = True
         if self._groups or self._audit:
             attributes[k.CAPTURE] = determinism.capture_label(self._groups, self._audit)
-        span = CONFIG.tracer().start_span(
+        tracer = CONFIG.tracer()
+        span = tracer.start_span(
             f"{k.OP_INVOKE_AGENT} {self.name}",
             kind=SpanKind.INTERNAL,
             attributes=attributes,
@@ -130,6 +132,7 @@ class RunRecorder:
             set_status_on_exception=False,
         )
         self._span = span
+        check_attributes_kept(span, tracer)
         self._token = context_api.attach(trace_api.set_span_in_context(span))
         self._run_token = current_run.set(span)
         with handle_internal_errors("starting the determinism capture"):

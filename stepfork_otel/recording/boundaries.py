@@ -50,6 +50,7 @@ from stepfork_otel.recording.handoff import HANDOFF
 from stepfork_otel.recording.integrations.genai import describe_request
 from stepfork_otel.recording.spans import (
     call_start_time,
+    check_attributes_kept,
     end_span,
     first_call_of_trace,
     next_call_number,
@@ -216,7 +217,8 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
             internal_error("writing the call input on its span")
         if prepared.described:
             _add_last(prepared.attributes, prepared.described)
-        span = CONFIG.tracer().start_span(
+        tracer = CONFIG.tracer()
+        span = tracer.start_span(
             prepared.span_name,
             kind=prepared.span_kind,
             attributes=prepared.attributes,
@@ -224,6 +226,7 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
             record_exception=False,
             set_status_on_exception=False,
         )
+        check_attributes_kept(span, tracer)
         if body:
             if not parent.is_valid:
                 first_call_of_trace(span.get_span_context().trace_id)

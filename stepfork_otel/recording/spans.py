@@ -7,6 +7,7 @@ Only the OpenTelemetry API is used here.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -127,6 +128,27 @@ def record_failure(span: Span, exc: BaseException) -> None:
 
 
 _ASK: Any = object()
+_checked_tracer: object | None = None
+logger = logging.getLogger("stepfork_otel")
+
+
+def check_attributes_kept(span: Span, tracer: object) -> None:
+    """Warn (once per tracer) when the provider's sampler dropped the attributes stepfork's span
+    started with -- a sampler of the user's own that returns ``SamplingResult(decision)`` alone:
+    the SDK then gives the span the sampler's attributes, none, and the span is no longer a run or
+    a call, so nothing of it is recorded. Checked on the first recording span of each tracer (a
+    sampler is its provider's): one identity test per call after that."""
+    global _checked_tracer
+    if tracer is _checked_tracer or not span.is_recording():
+        return
+    _checked_tracer = tracer
+    attributes = getattr(span, "attributes", None)
+    if attributes is not None and k.KIND not in attributes:
+        logger.warning(
+            "stepfork_otel: the tracer provider's sampler returned its decision without the "
+            "span's attributes, so stepfork's spans lose theirs and nothing is recorded; a "
+            "sampler must return SamplingResult(decision, attributes), as the SDK's samplers do"
+        )
 
 
 def end_span(span: Span, kept_id: int | None = _ASK) -> None:
