@@ -174,3 +174,27 @@ def test_a_permutation_out_of_range_never_loses_a_key() -> None:
     for permutation in ([-1, 1], [1, 1], [0, 2], [0], [1, 0, 2]):
         restored = restore_key_order(value, [{"path": [], "order": permutation}])
         assert sorted(restored) == ["a", "b"], permutation
+
+
+def test_the_shape_cache_stays_bounded_and_never_changes_an_answer() -> None:
+    """Shapes are remembered (outputs repeat them), but a stream of new shapes, or objects with
+    very many keys, neither grows the cache past its bound nor changes what is found."""
+    from stepfork_otel.trace import canonical
+
+    wide = {f"k{i:03d}": i for i in range(200, 0, -1)}  # 200 keys, reversed: never cached
+    many = [{f"b{n}": 1, f"a{n}": 2} for n in range(canonical._SHAPES_MAX + 10)]
+    for value in (wide, many, wide):
+        text = canonical_json(value)
+        returned = json.dumps(value, separators=(",", ":"))
+        order = key_order(text, returned)
+        assert order
+        restored = restore_key_order(loads(text), order)
+        assert json.dumps(restored, separators=(",", ":")) == returned
+        assert len(canonical._shapes) <= canonical._SHAPES_MAX
+    assert tuple(wide) not in canonical._shapes
+    one = many[:1]
+    text, returned = canonical_json(one), json.dumps(one, separators=(",", ":"))
+    first = key_order(text, returned)
+    assert first == [{"path": [0], "order": [1, 0]}]
+    first[0]["order"].append(9)  # an entry is the caller's own: the cache keeps its permutation
+    assert key_order(text, returned) == [{"path": [0], "order": [1, 0]}]

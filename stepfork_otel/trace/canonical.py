@@ -281,6 +281,32 @@ class KeyOrder(TypedDict):
     """The positions of its keys in sorted order, listed in the order the call returned them."""
 
 
+#: Object shapes seen (their keys in returned order) -> their keys sorted, last first, and the
+#: permutation (None: already sorted). Outputs repeat shapes -- every result of a search, every
+#: response of an API -- and sorting the keys and ranking them is most of a walk's cost per
+#: object (2 KB outputs: 27 -> 15 µs). Bounded: shapes of at most ``_SHAPE_KEYS`` keys, and
+#: emptied at ``_SHAPES_MAX`` (a hostile stream of new shapes costs one clear per so many).
+_shapes: dict[tuple[str, ...], tuple[list[str], list[int] | None]] = {}
+_SHAPE_KEYS = 64
+_SHAPES_MAX = 4096
+
+
+def _shape(keys: tuple[str, ...]) -> tuple[list[str], list[int] | None]:
+    shape = _shapes.get(keys)
+    if shape is None:
+        ordered = sorted(keys)
+        permutation = None
+        if list(keys) != ordered:
+            position = {key: i for i, key in enumerate(ordered)}
+            permutation = [position[key] for key in keys]
+        shape = (ordered[::-1], permutation)
+        if len(keys) <= _SHAPE_KEYS:
+            if len(_shapes) >= _SHAPES_MAX:
+                _shapes.clear()
+            _shapes[keys] = shape
+    return shape
+
+
 def key_order(canonical: str | None, as_returned: str | None) -> list[KeyOrder] | None:
     """Where ``as_returned`` (the same value as ``canonical``, keys in returned order) orders an
     object's keys otherwise than sorted: one :class:`KeyOrder` per such object, shorter paths
@@ -300,12 +326,10 @@ def key_order(canonical: str | None, as_returned: str | None) -> list[KeyOrder] 
     while queue:
         node, path = take()
         if type(node) is dict:
-            keys = list(node)
-            ordered = sorted(keys)
-            if keys != ordered:
-                position = {key: i for i, key in enumerate(ordered)}
-                found.append({"path": path, "order": [position[key] for key in keys]})
-            for key in reversed(ordered):
+            last_first, permutation = _shape(tuple(node))
+            if permutation is not None:
+                found.append({"path": path, "order": permutation.copy()})
+            for key in last_first:
                 child = node[key]
                 if type(child) is dict or type(child) is list:
                     put((child, [*path, key]))
