@@ -582,3 +582,99 @@ def test_two_local_roots_of_one_trace_get_a_bundle_each(recording: Recording) ->
     assert [c.name for c in two.context] == ["second request"]
     assert one.complete
     assert two.complete
+
+
+def test_a_call_outside_any_span_keeps_the_calls_it_makes(recording: Recording) -> None:
+    nested("b")  # a tool, outside any span, that makes an LLM call: one bundle of both
+    (bundle,) = recording.directory.iterdir()
+    trace = Trace.load(bundle)
+    assert [(e.type, e.id, e.parent_id) for e in trace.events][:2] == [
+        ("tool_call", "call-1", None),
+        ("llm_request", "call-2", "call-1"),
+    ]
+    assert trace.context == []
+
+
+def test_a_call_made_in_a_span_that_already_ended_is_recorded(recording: Recording) -> None:
+    """A task started in a step of the request makes its call after the step ended."""
+    tracer = recording.provider.get_tracer("app")
+    with tracer.start_as_current_span("request") as root:
+        lookup("a")
+        step = tracer.start_span("step")
+        step.end()
+        with trace_api.use_span(step):
+            lookup("late")
+    trace = Trace.load(recording.directory / f"{root.get_span_context().trace_id:032x}.sftrace")
+    assert [c.input for c in trace.calls] == ['{"key":"a","limit":2}', '{"key":"late","limit":2}']
+    assert trace.complete
+
+
+def test_a_span_refused_at_the_cap_is_counted_once_room_was_freed(recording: Recording) -> None:
+    """Refused at its start, a span that ends after calls written as they go freed room is
+    still dropped and counted: the bundle says it is incomplete."""
+    recording.processor.max_spans_per_trace = 3
+    tracer = recording.provider.get_tracer("app")
+    tool = {"stepfork.kind": "tool"}
+    with tracer.start_as_current_span("request") as root, tracer.start_as_current_span("step"):
+        first = tracer.start_span("c1", attributes=tool)  # request, step, c1: 3 open
+        refused = tracer.start_span("c2", attributes=tool)
+        first.end()
+        refused.end()
+    trace = Trace.load(recording.directory / f"{root.get_span_context().trace_id:032x}.sftrace")
+    assert trace.complete is False
+    assert trace.dropped_spans == 1
+
+
+def test_a_call_starting_as_its_root_ends_leaves_nothing_open(
+    recording: Recording, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another thread starts a call in the request's context just after the request's bundle
+    was closed (between its trailer and the root leaving the buffer): no bundle is left open."""
+    tracer = recording.provider.get_tracer("app")
+    tool = {"stepfork.kind": "tool"}
+    late: list[Any] = []
+    live_end = SftraceSpanProcessor._live_end
+
+    def ending(self: SftraceSpanProcessor, span: Any, span_id: int, payloads: Any) -> bool:
+        done = live_end(self, span, span_id, payloads)
+        if span.name == "request" and not late:
+            context = trace_api.set_span_in_context(root)
+            late.append(tracer.start_span("late", attributes=tool, context=context))
+        return done
+
+    monkeypatch.setattr(SftraceSpanProcessor, "_live_end", ending)
+    root = tracer.start_span("request")
+    with trace_api.use_span(root):
+        tracer.start_span("c1", attributes=tool).end()
+    root.end()
+    late[0].end()
+    assert not recording.processor._lives
+
+
+def test_each_later_local_root_of_a_trace_gets_a_file_of_its_own(recording: Recording) -> None:
+    remote = SpanContext(0xABD, 0x99, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    parent = trace_api.set_span_in_context(NonRecordingSpan(remote))
+    tracer = recording.provider.get_tracer("app")
+    a = tracer.start_span("A", context=parent)
+    b = tracer.start_span("B", context=parent)
+    with trace_api.use_span(a):
+        lookup("a")  # written as it goes: <trace_id>.sftrace
+    with trace_api.use_span(b):
+        lookup("b")  # buffered, a second root of the trace
+    a.end()
+    c = tracer.start_span("C", context=parent)
+    with trace_api.use_span(c):
+        lookup("c")  # written as it goes again, under a third root
+    b.end()
+    c.end()
+    held = {p.name: [x.input for x in Trace.load(p).calls] for p in recording.directory.iterdir()}
+    assert sorted(held) == [
+        f"{0xABD:032x}-outside-runs-2.sftrace",
+        f"{0xABD:032x}-outside-runs.sftrace",
+        f"{0xABD:032x}.sftrace",
+    ]
+    assert sorted(x for calls in held.values() for x in calls) == [
+        '{"key":"a","limit":2}',
+        '{"key":"b","limit":2}',
+        '{"key":"c","limit":2}',
+    ]

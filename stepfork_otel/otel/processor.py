@@ -148,6 +148,9 @@ class _OpenTrace:
     ended: dict[int, tuple[ReadableSpan, Mapping[str, Payload]]] = field(default_factory=dict)
     open: dict[int, Span] = field(default_factory=dict)
     dropped: int = 0
+    capped: bool = False
+    """A span was refused at its start (``max_spans_per_trace``): an untracked span's end is one
+    of those, counted as dropped (by then the bundles written as they go have freed room)."""
     claimed: set[Path] = field(default_factory=set)
     """Default bundle paths already given to a run of this trace."""
 
@@ -293,9 +296,15 @@ class SftraceSpanProcessor(SpanProcessor):
             return path
         if path in entry.claimed:
             tag = "outside-runs" if span_id is None else f"{span_id:016x}"
-            path = path.with_name(
-                bundle_file_name(f"{trace_id:032x}", tag, compressed=self.compress)
-            )
+            n, named = 1, tag
+            while True:  # (several local roots of one trace each have calls outside runs)
+                path = path.with_name(
+                    bundle_file_name(f"{trace_id:032x}", named, compressed=self.compress)
+                )
+                if path not in entry.claimed:
+                    break
+                n += 1
+                named = f"{tag}-{n}"
         entry.claimed.add(path)
         return path
 
@@ -425,8 +434,8 @@ class SftraceSpanProcessor(SpanProcessor):
             root, steps = parent, steps + 1
             if _kind(entry.open[root]) == k.KIND_RUN:
                 return
-        if root == call_id:
-            return
+        if _kind(entry.open[root]) in k.BOUNDARY_KINDS:
+            return  # a call outside any span (and the calls it makes): its own bundle, buffered
         parents, kinds = entry.parents(), entry.kinds()
         ids = {
             i
@@ -466,10 +475,14 @@ class SftraceSpanProcessor(SpanProcessor):
                     entry = self._traces.get(live.trace_id)
                     dropped = entry.dropped if entry is not None else 0
                     ended_runs.append((live, self._open_calls(live, entry)))
+                    if entry is not None:  # ended: a call starting now cannot reach it
+                        entry.open.pop(span_id, None)
                     live.lock.acquire()
                 elif span_id in live.scope:
-                    del live.scope[span_id]
-                    work.append((live, live.calls.pop(span_id, None)))
+                    call = live.calls.pop(span_id, None)
+                    if call is not None:  # an application span stays: a task it started
+                        del live.scope[span_id]  # may make calls in its context after it ended
+                    work.append((live, call))
                     live.lock.acquire()
             if not lives:
                 del self._lives[trace_id]
@@ -677,6 +690,8 @@ class SftraceSpanProcessor(SpanProcessor):
             with self._lock:
                 entry = self._entry(ctx.trace_id)
                 if entry is None or entry.size() >= self.max_spans_per_trace:
+                    if entry is not None:
+                        entry.capped = True
                     return  # counted as dropped when it ends
                 entry.open[ctx.span_id] = span
                 lives = self._lives.get(ctx.trace_id)
@@ -733,7 +748,7 @@ class SftraceSpanProcessor(SpanProcessor):
         tracked = entry.open.pop(span_id, None) is not None
         if live:
             pass
-        elif tracked or entry.size() < self.max_spans_per_trace:
+        elif tracked or (not entry.capped and entry.size() < self.max_spans_per_trace):
             entry.ended[span_id] = (span, payloads)
         else:
             self._drop_span(entry, trace_id)
