@@ -678,3 +678,26 @@ def test_each_later_local_root_of_a_trace_gets_a_file_of_its_own(recording: Reco
         '{"key":"b","limit":2}',
         '{"key":"c","limit":2}',
     ]
+
+
+def test_a_call_made_after_the_call_it_was_made_in_ended_is_said(
+    recording: Recording, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fire-and-forget task of a tool makes its call after the tool returned: that call is in
+    no bundle (its call was written and left the processor), and it is counted and said."""
+    tracer = recording.provider.get_tracer("app")
+    tool = {"stepfork.kind": "tool"}
+    caplog.set_level("WARNING", logger="stepfork_otel")
+    with tracer.start_as_current_span("request") as root:
+        lookup("a")
+        outer = tracer.start_span("execute_tool outer", attributes=tool)
+        outer.end()
+        late = tracer.start_span(
+            "late", attributes=tool, context=trace_api.set_span_in_context(outer)
+        )
+        late.end()
+    trace_id = f"{root.get_span_context().trace_id:032x}"
+    assert f"1 call(s) of trace {trace_id} started after the call they were made in" in caplog.text
+    assert recording.processor.stats.dropped_spans == 1
+    trace = Trace.load(recording.directory / f"{trace_id}.sftrace")
+    assert [c.span_id for c in trace.calls][-1] == f"{outer.get_span_context().span_id:016x}"

@@ -837,6 +837,7 @@ class SftraceSpanProcessor(SpanProcessor):
         for span_id in ids:
             entry.ended.pop(span_id, None)
         if not entry.open:  # nothing else of this trace is running here
+            self._warn_unplaced(entry, trace_id)
             del self._traces[trace_id]
             if self._destinations:
                 for key in [key for key in self._destinations if key[0] == trace_id]:
@@ -932,6 +933,20 @@ class SftraceSpanProcessor(SpanProcessor):
             with self._lock:
                 self.stats.write_errors += 1
             raise
+
+    def _warn_unplaced(self, entry: _OpenTrace, trace_id: int) -> None:
+        """Calls still buffered when the trace's last span here ended were under no root: each
+        started after the call it was made in had ended and been written (a fire-and-forget
+        task of a tool). Counted as dropped and said -- they are in no bundle."""
+        lost = sum(1 for span, _ in entry.ended.values() if _kind(span) in k.BOUNDARY_KINDS)
+        if lost:
+            self.stats.dropped_spans += lost
+            logger.warning(
+                "stepfork_otel: %d call(s) of trace %032x started after the call they were made "
+                "in had ended and are in no bundle",
+                lost,
+                trace_id,
+            )
 
     def _warn_dropped_trace(self, trace_id: int) -> None:
         if self.stats.dropped_traces in (1, 10, 100) or self.stats.dropped_traces % 1000 == 0:
