@@ -555,11 +555,17 @@ def test_a_run_inside_a_request_keeps_its_calls_out_of_the_requests_bundle(
     assert [c.name for c in run.context] == ["step in the run"]
 
 
+def _remote_parent(trace_id: int) -> Any:
+    """A context whose current span is a remote one of ``trace_id``: spans started in it are
+    local roots of that trace."""
+    remote = SpanContext(trace_id, 0x99, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    return trace_api.set_span_in_context(NonRecordingSpan(remote))
+
+
 def test_two_local_roots_of_one_trace_get_a_bundle_each(recording: Recording) -> None:
     """Two requests of one distributed trace handled here at once (both children of the same
     remote span): the first is written as it goes, the second buffered, each to its own file."""
-    remote = SpanContext(0xABC, 0x99, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
-    parent = trace_api.set_span_in_context(NonRecordingSpan(remote))
+    parent = _remote_parent(0xABC)
     tracer = recording.provider.get_tracer("app")
     first = tracer.start_span("first request", context=parent)
     second = tracer.start_span("second request", context=parent)
@@ -652,8 +658,7 @@ def test_a_call_starting_as_its_root_ends_leaves_nothing_open(
 
 
 def test_each_later_local_root_of_a_trace_gets_a_file_of_its_own(recording: Recording) -> None:
-    remote = SpanContext(0xABD, 0x99, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
-    parent = trace_api.set_span_in_context(NonRecordingSpan(remote))
+    parent = _remote_parent(0xABD)
     tracer = recording.provider.get_tracer("app")
     a = tracer.start_span("A", context=parent)
     b = tracer.start_span("B", context=parent)
