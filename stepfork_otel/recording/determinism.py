@@ -23,9 +23,9 @@ started with a copied context and asyncio tasks are covered) by the run's *own* 
 file must not be the standard library, an installed package (``site-packages``/``dist-packages``)
 or stepfork itself -- the SDK's retry jitter, the OTel SDK's clock and stepfork's call numbering
 are never captured -- unless its module is in one of the packages named by
-``configure(capture_packages=...)`` (an agent deployed as an installed package). Nor are reads inside a boundary's body (a ``@trace_tool`` function, the body of
-an ``llm_request``): that body is the dependency; frozen replay does not run it, and a body that
-runs live reads live. Monotonic clocks (``time.monotonic``, ``perf_counter``) are not sources, so
+``configure(capture_packages=...)`` (an agent deployed as an installed package). Nor are reads
+inside a boundary's body (a ``@trace_tool`` function, the body of an ``llm_request``): that body
+is the dependency; frozen replay does not run it, and a body that runs live reads live. Monotonic clocks (``time.monotonic``, ``perf_counter``) are not sources, so
 timeouts and durations keep working.
 
 **Where the values go.** Reads since the previous boundary call are written, as one JSON
