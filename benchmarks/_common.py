@@ -284,6 +284,25 @@ def paired_ratio(series: dict[str, Series], name: str, baseline: str) -> float:
     return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
 
+def ratio_rows(
+    series: dict[str, Series],
+    baseline: str,
+    rows: Sequence[tuple[str, str]],
+    *,
+    headline: str | None = None,
+    fmt: Callable[[float], str] | None = None,
+) -> list[list[str]]:
+    """Table rows ``[label, median, ratio]`` for ``(label, series key)`` pairs, each ratio the
+    per-round one against ``baseline`` (its own row: ``1.00x``); ``headline``: the key whose
+    ratio is shown in bold; ``fmt``: how a median is shown (default :func:`fmt_us`)."""
+    show = fmt or fmt_us
+    out = []
+    for label, key in rows:
+        ratio = f"{paired_ratio(series, key, baseline):.2f}x" if key != baseline else "1.00x"
+        out.append([label, show(series[key].median), f"**{ratio}**" if key == headline else ratio])
+    return out
+
+
 def per_call(fn: Callable[[], None], calls: int) -> Callable[[], float]:
     """Wrap ``fn`` (which makes ``calls`` calls) into a measurement in seconds per call."""
 

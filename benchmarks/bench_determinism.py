@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks._common import interleave, paired_ratio, table
+from benchmarks._common import interleave, paired_ratio, ratio_rows, table
 from stepfork_otel import ReplaySession, configure, record
 from stepfork_otel.otel import setup
 from stepfork_otel.recording import determinism
@@ -140,20 +140,17 @@ def _run(directory: Path, n: int, rounds: int) -> str:
         ],
         rounds,
     )
-    off_ratio = paired_ratio(off, "in a run without capture", "nothing active")
     assert time.time is clock  # nothing left installed
-    rows = [
+    rows = ratio_rows(
+        off,
+        "nothing active",
         [
-            "`time.time()`, nothing active (baseline)",
-            fmt_us(off["nothing active"].median),
-            "1.00x",
+            ("`time.time()`, nothing active (baseline)", "nothing active"),
+            ("`time.time()` in a `record(...)` run without capture", "in a run without capture"),
         ],
-        [
-            "`time.time()` in a `record(...)` run without capture",
-            fmt_us(off["in a run without capture"].median),
-            f"**{off_ratio:.2f}x**",
-        ],
-    ]
+        headline="in a run without capture",
+        fmt=fmt_us,
+    )
     on_rows = []
     for label, fn, capture in sources:
         series = interleave(
@@ -213,17 +210,23 @@ def _run(directory: Path, n: int, rounds: int) -> str:
         table(
             ["read", "per read", "x its baseline"],
             [
-                [
-                    "`email.utils.formatdate()` (the standard library reads the clock), nothing "
-                    "active",
-                    fmt_us(outside["stdlib, nothing active"].median),
-                    "1.00x",
-                ],
-                [
-                    "the same, inside a capturing run (not captured: its caller is the stdlib)",
-                    fmt_us(outside["stdlib, in a capturing run"].median),
-                    f"{paired_ratio(outside, 'stdlib, in a capturing run', 'stdlib, nothing active'):.2f}x",
-                ],
+                *ratio_rows(
+                    outside,
+                    "stdlib, nothing active",
+                    [
+                        (
+                            "`email.utils.formatdate()` (the standard library reads the clock), "
+                            "nothing active",
+                            "stdlib, nothing active",
+                        ),
+                        (
+                            "the same, inside a capturing run (not captured: its caller is the "
+                            "stdlib)",
+                            "stdlib, in a capturing run",
+                        ),
+                    ],
+                    fmt=fmt_us,
+                ),
                 [
                     "`time.time()` from a context without a run, while another context captures",
                     fmt_us(outside["another context"].median),

@@ -25,7 +25,15 @@ from typing import Any
 from opentelemetry.sdk.trace import TracerProvider
 from re2 import _re2
 
-from benchmarks._common import fmt_ms, fmt_us, interleave, paired_ratio, payload_pool, table
+from benchmarks._common import (
+    fmt_ms,
+    fmt_us,
+    interleave,
+    paired_ratio,
+    payload_pool,
+    ratio_rows,
+    table,
+)
 from stepfork_otel.otel.redacting import RedactingSpanProcessor
 from stepfork_otel.trace.canonical import canonical_json
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR, scan_form
@@ -239,14 +247,11 @@ def _spans_section(quick: bool) -> list[str]:
         "",
         table(
             ["provider", "per span", "x plain"],
-            [
-                ["plain SDK provider", fmt_us(series["plain"].median), "1.00x"],
-                [
-                    "with the redacting processor",
-                    fmt_us(series["redacting"].median),
-                    f"{paired_ratio(series, 'redacting', 'plain'):.2f}x",
-                ],
-            ],
+            ratio_rows(
+                series,
+                "plain",
+                [("plain SDK provider", "plain"), ("with the redacting processor", "redacting")],
+            ),
         ),
         "",
     ]

@@ -13,10 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks._common import (
-    fmt_us,
     interleave,
-    paired_ratio,
     per_call,
+    ratio_rows,
     recording,
     scratch_dir,
     table,
@@ -100,27 +99,17 @@ def run(quick: bool = False) -> str:
         )
         stepfork_otel.uninstrument_openai()
 
-    ratio = paired_ratio(calls_series, "instrumented", "uninstrumented")
-    rows = [
+    rows = ratio_rows(
+        calls_series,
+        "uninstrumented",
         [
-            "`chat.completions.create`, uninstrumented",
-            fmt_us(calls_series["uninstrumented"].median),
-            "1.00×",
+            ("`chat.completions.create`, uninstrumented", "uninstrumented"),
+            ("the same, instrumented and recorded", "instrumented"),
         ],
-        [
-            "the same, instrumented and recorded",
-            fmt_us(calls_series["instrumented"].median),
-            f"{ratio:.2f}×",
-        ],
-    ]
-    stream_rows = [
-        [
-            name,
-            fmt_us(stream_series[name].median),
-            f"{paired_ratio(stream_series, name, 'live'):.2f}×",
-        ]
-        for name in ("live", "recorded", "replayed")
-    ]
+    )
+    stream_rows = ratio_rows(
+        stream_series, "live", [(name, name) for name in ("live", "recorded", "replayed")]
+    )
     return "\n".join(
         [
             "## SDK integration: an instrumented OpenAI call, and replay per streamed chunk (bench_sdk.py)",

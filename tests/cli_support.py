@@ -10,6 +10,7 @@ without a recorded output, a positional input, a redacted input.
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import shutil
@@ -18,6 +19,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,6 +138,21 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> Bundles:
         module_failure=module_dir / "failure.sftrace",
         tiny_dir=tiny_dir,
     )
+
+
+def run_for_json(
+    command: list[str], *, env: dict[str, str] | None = None, timeout: float = 120
+) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+    """Run a script as a user would (a fresh process, from the project's root), insist that it
+    succeeded, and read the JSON object its last line printed."""
+    result = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines, result.stderr
+    values: dict[str, Any] = json.loads(lines[-1])
+    return values, result
 
 
 def stepfork(

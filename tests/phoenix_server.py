@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from cli_support import ROOT, run_for_json
 
 #: How long Phoenix may take to run its migrations and start (a bound, not an expectation:
 #: it starts in about 15 s on a loaded 2-core machine).
@@ -289,14 +289,7 @@ def feed(
     environment["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(ROOT), environment.get("PYTHONPATH", "")) if p
     )
-    result = subprocess.run(
-        [python, "-c", script, endpoint, str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=environment,
+    values, _ = run_for_json(
+        [python, "-c", script, endpoint, str(out)], env=environment, timeout=180
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    values: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     return values

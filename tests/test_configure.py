@@ -6,15 +6,14 @@ exporter, and a provider that is not the SDK's."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, Recording
+from cli_support import run_for_json
+from conftest import Recording
 
 from stepfork_otel import SftraceSpanProcessor, configure
 from stepfork_otel.config import CONFIG
@@ -44,17 +43,7 @@ def report(**values):
 
 def run_script(tmp_path: Path, body: str) -> dict[str, Any]:
     script = PRELUDE + textwrap.dedent(body)
-    result = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    lines = result.stdout.strip().splitlines()
-    assert lines, result.stderr
-    values: dict[str, Any] = json.loads(lines[-1])
+    values, result = run_for_json([sys.executable, "-c", script, str(tmp_path)])
     values["stderr"] = result.stderr
     return values
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_support import run_for_json
 from conftest import ROOT
 from otlp_receiver import OtlpReceiver, running_receiver
 
@@ -74,16 +75,7 @@ def run_setup(
     script.write_text(PRELUDE + textwrap.dedent(body))
     environment = {**os.environ, **(env or {})}
     environment.pop("OTEL_SDK_DISABLED", None)
-    result = subprocess.run(
-        [*launcher, str(script), str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=environment,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    values: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    values, result = run_for_json([*launcher, str(script), str(tmp_path)], env=environment)
     values["stderr"] = result.stderr
     return values
 
