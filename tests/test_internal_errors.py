@@ -308,12 +308,10 @@ def test_processor_force_flush(
     @trace_tool
     def flushing() -> str:
         with monkeypatch.context() as m:
-            m.setattr(writer_module.BundleAppender, "_drain", explode)
+            m.setattr(writer_module.BundleAppender, "flush", explode)
             flushed.append(recording.processor.force_flush())
         return "flushed"
 
-    # flush_interval=0: the background flusher (another thread) leaves this bundle alone, so the
-    # patched _drain fails only in the flush this test makes
     with record(tmp_path / "f.sftrace", flush_interval=0):
         assert flushing() == "flushed"
     assert flushed == [True]

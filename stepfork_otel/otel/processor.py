@@ -90,10 +90,17 @@ logger = logging.getLogger("stepfork_otel")
 
 
 def _attributes(span: ReadableSpan) -> dict[str, Any]:
-    # An open span may be written to by its thread while a flush copies it: retry a torn copy.
+    """A copy of a span's attributes, the span perhaps still open. Without the SDK's lock on
+    them: the SIGTERM handler copies the open calls' attributes in the main thread, perhaps in
+    the middle of the SDK setting them under that (non-reentrant) lock. An open span may be
+    written to by its thread while this copies it: a torn copy is retried."""
+    # (the SDK span's BoundedAttributes, behind the read-only proxy ``span.attributes``: its dict)
+    items = getattr(getattr(span, "_attributes", None), "_dict", None)
+    if not isinstance(items, dict):
+        items = span.attributes or {}
     for _ in range(3):
         try:
-            return dict(span.attributes or {})
+            return dict(items)
         except (RuntimeError, KeyError):
             continue
     return dict(span.attributes or {})
@@ -133,6 +140,14 @@ def _kind(span: ReadableSpan) -> Any:
 def _local_parent(span: ReadableSpan) -> int | None:
     parent = span.parent
     return None if parent is None or parent.is_remote else parent.span_id
+
+
+def _release(lock: threading.RLock) -> None:
+    """Release ``lock`` if this thread holds it (it may have been interrupted before taking it:
+    locks are listed before they are taken, so that one taken is never left held)."""
+    if lock._is_owned():  # type: ignore[attr-defined]
+        with contextlib.suppress(RuntimeError):
+            lock.release()
 
 
 def _in_scope(lives: list[_Live] | None, span: Span) -> bool:
@@ -206,8 +221,9 @@ class _Live:
     run_id: int
     appender: BundleAppender
     encoder: BundleEncoder
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    """Held while this run's events are converted and appended (after the processor's lock)."""
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    """Held while this run's events are converted and appended (after the processor's lock).
+    Reentrant and released only by its owner (see :func:`_release`)."""
     next_call: int = 1
     scope: dict[int, str | None] = field(default_factory=dict)
     """Each open span of the run's subtree -> the call id its children nest in (None: none)."""
@@ -219,6 +235,8 @@ class _Live:
     """(call number, mode) of the first call that said it was replayed."""
     lost: int = 0
     """Spans whose events could not be written (an internal error, logged)."""
+    interrupted: str | None = None
+    """The exception (``KeyboardInterrupt``, ...) that cut off the writing of a call."""
     captured: list[SpanRecord] = field(default_factory=list)
     """Of each call span that carried captured reads, its span id and those reads (small)."""
     captured_seq: dict[str, int] = field(default_factory=dict)
@@ -226,6 +244,15 @@ class _Live:
     outside: bool = False
     """The bundle of the trace's calls outside every run: ``run_id`` is the local root (an
     application span, kept as context), and run spans under it stay out of its scope."""
+
+
+@dataclass(slots=True, eq=False)
+class _Ending:
+    """A run's bundle being closed: its calls still open, and spans dropped in its trace."""
+
+    live: _Live
+    still_open: list[tuple[tuple[str, int, str | None], SpanRecord]] | None = None
+    dropped: int = 0
 
 
 class SftraceSpanProcessor(SpanProcessor):
@@ -254,6 +281,8 @@ class SftraceSpanProcessor(SpanProcessor):
         """Seconds at most between a call's end and its events reaching the OS (0: at once)."""
         #: trace id -> the runs of that trace whose bundles are being written as they go.
         self._lives: dict[int, list[_Live]] = {}
+        #: (trace id, run span id) of runs whose bundles were closed before the run ended.
+        self._closed_early: set[tuple[int, int]] = set()
         self._recovered: set[Path] = set()
         if self.writer.directory is not None:  # a start in that directory
             self._recovered.add(self.writer.directory)
@@ -265,7 +294,9 @@ class SftraceSpanProcessor(SpanProcessor):
         """Whose redaction rules the conversion applies (the process's, by default)."""
         self._handoff = handoff or HANDOFF
         self.stats = ProcessorStats()
-        self._lock = threading.Lock()
+        #: Reentrant: the SIGTERM handler closes the bundles in the main thread, perhaps while the
+        #: code it interrupted holds it (the process dies right after).
+        self._lock = threading.RLock()
         self._traces: dict[int, _OpenTrace] = {}
         #: Traces refused as a whole (at the open-trace cap): trace id -> spans dropped.
         self._refused: OrderedDict[int, int] = OrderedDict()
@@ -392,7 +423,7 @@ class SftraceSpanProcessor(SpanProcessor):
         fsync = self.fsync_interval if fsync_interval is None else fsync_interval
         return BundleAppender(
             path,
-            encoder.head(),
+            encoder,
             flush_interval=flush if self.journal and not math.isinf(flush or 0) else None,
             fsync_interval=None if fsync is None or math.isinf(fsync) else fsync,
         )
@@ -460,79 +491,106 @@ class SftraceSpanProcessor(SpanProcessor):
     def _live_end(self, span: ReadableSpan, span_id: int, payloads: Mapping[str, Payload]) -> bool:
         """Write an ended span to the bundles of the runs it is in; True if it was in one. The
         conversion runs outside the processor's lock, under each run's own (taken before the
-        processor's is released, so a run's end waits for its calls' events)."""
-        work: list[tuple[_Live, tuple[str, int, str | None] | None]] = []
-        ended_runs: list[tuple[_Live, list[tuple[tuple[str, int, str | None], SpanRecord]]]] = []
-        dropped = 0
-        with self._lock:
-            trace_id = span.get_span_context().trace_id  # type: ignore[union-attr]
-            lives = self._lives.get(trace_id)
-            if not lives:
-                return False
-            for live in list(lives):
-                if span_id == live.run_id:
-                    lives.remove(live)
-                    entry = self._traces.get(live.trace_id)
-                    dropped = entry.dropped if entry is not None else 0
-                    ended_runs.append((live, self._open_calls(live, entry)))
-                    if entry is not None:  # ended: a call starting now cannot reach it
-                        entry.open.pop(span_id, None)
-                    live.lock.acquire()
-                elif span_id in live.scope:
-                    call = live.calls.pop(span_id, None)
-                    if call is not None:  # an application span stays: a task it started
-                        del live.scope[span_id]  # may make calls in its context after it ended
-                    work.append((live, call))
-                    live.lock.acquire()
-            if not lives:
-                del self._lives[trace_id]
-        if not work and not ended_runs:
-            return False
+        processor's is released, so a run's end waits for its calls' events).
+
+        Interruptible anywhere: a signal handler may raise in the main thread between two
+        bytecodes (``KeyboardInterrupt``, a handler's ``sys.exit``; ``tests/test_interrupts.py``
+        puts one at each such point). So each run's lock is listed before it is taken and
+        released only by its owner; a call stays open in its run until its events are queued
+        (cut off before, the run's end writes it as still open; cut off after, the writer does
+        not write it twice); a run's end cut off before its trailer was queued queues it on the
+        way out. What the bundle counts is what its writer wrote
+        (:class:`~stepfork_otel.otel.writer.BundleAppender`)."""
+        calls: list[tuple[_Live, tuple[str, int, str | None] | None]] = []
+        runs: list[_Ending] = []
+        record: SpanRecord | None = None
         try:
-            record: SpanRecord | None = None
-            for live, call in work:
+            with self._lock:
+                trace_id = span.get_span_context().trace_id  # type: ignore[union-attr]
+                lives = self._lives.get(trace_id)
+                if not lives:
+                    return False
+                for live in list(lives):
+                    if span_id == live.run_id:
+                        ending = _Ending(live)
+                        runs.append(ending)
+                        live.lock.acquire()  # (its calls ending elsewhere are queued first)
+                        lives.remove(live)
+                        entry = self._traces.get(live.trace_id)
+                        ending.dropped = entry.dropped if entry is not None else 0
+                        ending.still_open = self._open_calls(live, entry)
+                        if entry is not None:  # ended: a call starting now cannot reach it
+                            entry.open.pop(span_id, None)
+                    elif span_id in live.scope:
+                        call = live.calls.get(span_id)
+                        calls.append((live, call))
+                        live.lock.acquire()
+                        if call is not None:  # an application span stays: a task it started
+                            live.scope.pop(span_id, None)  # may make calls in its context later
+                if not lives:
+                    del self._lives[trace_id]
+            for live, call in calls:
                 written = False
-                with handle_internal_errors(f"writing a call to the bundle {live.appender.path}"):
-                    record = record or span_record(span, payloads, copy=False)
-                    if call is not None:
-                        events = [e for e in span_events(record, *call) if e is not None]
-                        if live.replay_mode is None or call[1] < live.replay_mode[0]:
-                            mode = replay_mode_of(record)
-                            if mode is not None:
-                                live.replay_mode = (call[1], mode)
-                        data = live.encoder.events(events)
-                        reads = record.attributes.get(k.CAPTURED)
-                        if reads is not None:  # kept for the trailer, and on disk at once
-                            live.captured.append(
-                                SpanRecord(
-                                    record.trace_id,
-                                    record.span_id,
-                                    None,
-                                    "",
-                                    attributes={k.CAPTURED: reads},
-                                )
-                            )
-                            live.captured_seq[record.span_id] = call[1]
-                            data += live.encoder.captured(
-                                captured_reads(live.captured[-1:], live.captured_seq)[0]
-                            )
-                        live.appender.append(data)
-                    elif record.stepfork_kind is None:
-                        live.context.append(context_span(record, self.config.settings.redactor))
+                try:
+                    with handle_internal_errors(
+                        f"writing a call to the bundle {live.appender.path}"
+                    ):
+                        record = record or span_record(span, payloads, copy=False)
+                        if call is not None:
+                            self._append_call(live, record, span_id, call)
+                        elif record.stepfork_kind is None:
+                            redactor = self.config.settings.redactor
+                            live.context.append(context_span(record, redactor))
+                        written = True
+                except BaseException as exc:  # interrupted: its run's end writes it as open
+                    live.interrupted = live.interrupted or type(exc).__name__
                     written = True
-                if not written:  # (logged above) the bundle must not look whole without it
-                    live.lost += 1
-                    self.stats.write_errors += 1
-            for live, still_open in ended_runs:
-                with handle_internal_errors(f"ending the bundle {live.appender.path}"):
+                    raise
+                finally:
+                    if not written:  # (logged above) the bundle must not look whole without it
+                        live.lost += 1
+                        self.stats.write_errors += 1
+            for ending in runs:
+                with handle_internal_errors(f"ending the bundle {ending.live.appender.path}"):
                     record = record or span_record(span, payloads, copy=False)
-                    self._close_live(live, record, still_open, dropped=dropped)
+                    self._close_live(ending, record)
+        except BaseException as exc:
+            for ending in runs:  # cut off before its trailer was queued: queue it now
+                if not ending.live.appender.closing:
+                    ending.live.interrupted = ending.live.interrupted or type(exc).__name__
+                    with handle_internal_errors(f"ending the bundle {ending.live.appender.path}"):
+                        self._close_live(ending, record or span_record(span, payloads))
+            raise
         finally:
-            for live, _ in work:
-                live.lock.release()
-            for live, _ in ended_runs:
-                live.lock.release()
-        return True
+            for live, _ in calls:
+                _release(live.lock)
+            for ending in runs:
+                _release(ending.live.lock)
+        return bool(calls or runs)
+
+    def _append_call(
+        self, live: _Live, record: SpanRecord, span_id: int, call: tuple[str, int, str | None]
+    ) -> None:
+        """Queue an ended call's events for its bundle, and only then take it off the run's
+        open calls (caller holds ``live.lock``)."""
+        events = [e for e in span_events(record, *call) if e is not None]
+        if live.replay_mode is None or call[1] < live.replay_mode[0]:
+            mode = replay_mode_of(record)
+            if mode is not None:
+                live.replay_mode = (call[1], mode)
+        encoded = live.encoder.encode(events)
+        extra = b""
+        reads = record.attributes.get(k.CAPTURED)
+        if reads is not None:  # kept for the trailer, and on disk at once
+            live.captured.append(
+                SpanRecord(
+                    record.trace_id, record.span_id, None, "", attributes={k.CAPTURED: reads}
+                )
+            )
+            live.captured_seq[record.span_id] = call[1]
+            extra = live.encoder.captured(captured_reads(live.captured[-1:], live.captured_seq)[0])
+        live.appender.append(encoded, extra)
+        live.calls.pop(span_id, None)
 
     def _open_calls(
         self, live: _Live, entry: _OpenTrace | None
@@ -548,18 +606,12 @@ class SftraceSpanProcessor(SpanProcessor):
         return found
 
     def _close_live(
-        self,
-        live: _Live,
-        run: SpanRecord,
-        still_open: list[tuple[tuple[str, int, str | None], SpanRecord]],
-        *,
-        dropped: int,
-        reason: str | None = None,
-        timeout: float = -1,
+        self, ending: _Ending, run: SpanRecord, *, reason: str | None = None, timeout: float = -1
     ) -> None:
         """Write the calls still open and the trailer, and close the run's bundle (caller holds
         ``live.lock``). ``reason``: why it is incomplete though the run may not have ended."""
-        events = [span_events(record, *call)[0] for call, record in still_open]
+        live, still_open, dropped = ending.live, ending.still_open or [], ending.dropped
+        rest = [live.encoder.encode(span_events(record, *call)[:1]) for call, record in still_open]
         if reason is None and run.end_time_unix_nano is None:
             reason = "the run span never ended"
         if reason is None and still_open:
@@ -568,6 +620,8 @@ class SftraceSpanProcessor(SpanProcessor):
             reason = f"{dropped} span(s) of this trace were dropped (per-trace cap)"
         if reason is None and live.lost:
             reason = f"{live.lost} span(s) could not be written (internal error, logged)"
+        if reason is None and live.interrupted:
+            reason = f"{live.interrupted} interrupted the writing of a call: it may be missing"
         mode = None if live.replay_mode is None else live.replay_mode[1]
         context = live.context
         if live.outside:  # no run span: the local root is one of the application's spans
@@ -586,9 +640,10 @@ class SftraceSpanProcessor(SpanProcessor):
             context=sorted(context, key=lambda c: (c.start_time_unix_nano, c.span_id)),
             captured=captured,
         )
-        data = live.encoder.events(events) + live.encoder.trailer(final)
-        if live.appender.close(data, timeout=timeout):
+        if live.appender.close(rest, final, timeout=timeout):
             self.stats.bundles_written += 1
+        elif live.appender.failed:  # (logged by the writer)
+            self.stats.write_errors += 1
 
     def _close_lives(self, reason: str, timeout: float) -> None:
         """Close every run's bundle with what it holds, marked incomplete (at exit, at
@@ -599,30 +654,32 @@ class SftraceSpanProcessor(SpanProcessor):
                 for live in lives:
                     live.appender.flush(timeout=timeout)
             return
+        closing: list[tuple[_Ending, SpanRecord]] = []
         try:
-            closing = []
-            for trace_id, lives in self._lives.items():
-                entry = self._traces.get(trace_id)
-                for live in lives:
-                    span = None if entry is None else entry.open.get(live.run_id)
-                    if span is None:
-                        continue
-                    run = span_record(span, self._handoff.read(live.run_id))
-                    closing.append((live, run, self._open_calls(live, entry)))
-            self._lives.clear()
-        finally:
-            self._lock.release()
-        for live, run, still_open in closing:
-            if not live.lock.acquire(timeout=timeout):
-                live.appender.flush(timeout=timeout)
-                continue
             try:
-                with handle_internal_errors(f"ending the bundle {live.appender.path}"):
-                    self._close_live(
-                        live, run, still_open, dropped=0, reason=reason, timeout=timeout
-                    )
+                for trace_id, lives in self._lives.items():
+                    entry = self._traces.get(trace_id)
+                    for live in lives:
+                        span = None if entry is None else entry.open.get(live.run_id)
+                        if span is None:
+                            continue
+                        if not live.lock.acquire(timeout=timeout):  # (a reentrant lock: a
+                            live.appender.flush(timeout=timeout)  # handler of this thread's
+                            continue  # signal gets it)
+                        ending = _Ending(live)
+                        closing.append((ending, span_record(span, self._handoff.read(live.run_id))))
+                        ending.still_open = self._open_calls(live, entry)
+                        if not live.outside:
+                            self._closed_early.add((trace_id, live.run_id))
+                self._lives.clear()
             finally:
-                live.lock.release()
+                self._lock.release()
+            for ending, run in closing:
+                with handle_internal_errors(f"ending the bundle {ending.live.appender.path}"):
+                    self._close_live(ending, run, reason=reason, timeout=timeout)
+        finally:
+            for ending, _ in closing:
+                _release(ending.live.lock)
 
     def finalise(self, timeout: float = 1.0) -> None:
         """At exit (``SIGTERM``, interpreter exit): close the bundle of every run still being
@@ -740,6 +797,9 @@ class SftraceSpanProcessor(SpanProcessor):
     ) -> list[_Job]:
         """Buffer an ended span; the bundles its end completes (caller holds the lock).
         ``live``: it was written to the bundle of a run written as it goes, not buffered."""
+        if is_run and (trace_id, span_id) in self._closed_early:
+            self._closed_early.discard((trace_id, span_id))
+            live = True  # its bundle was closed at exit (a SIGTERM handler): not once more
         entry = self._entry(trace_id)  # None: the trace is refused (now or earlier)
         if entry is None:
             self._refused[trace_id] += 1

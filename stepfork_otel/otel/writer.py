@@ -16,23 +16,32 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import re
 import threading
 import time
 import zlib
+from collections import deque
 from pathlib import Path
 
 import orjson
 from opentelemetry import context as context_api
 
-from stepfork_otel._internal import handle_internal_errors
+from stepfork_otel._internal import handle_internal_errors, log_internal_error
 from stepfork_otel.constants import (
     DEFAULT_FLUSH_INTERVAL,
     DEFAULT_FSYNC_INTERVAL,
     FLUSH_BUFFER_BYTES,
     JOURNAL_SUFFIX,
 )
-from stepfork_otel.trace.bundle import TMP_SUFFIX, bundle_file_name, load_trace, save_trace
+from stepfork_otel.trace.bundle import (
+    TMP_SUFFIX,
+    BundleEncoder,
+    Encoded,
+    bundle_file_name,
+    load_trace,
+    save_trace,
+)
 from stepfork_otel.trace.errors import BundleError
 from stepfork_otel.trace.models import Trace
 
@@ -74,42 +83,147 @@ class BundleAppender:
     that loads -- ``complete: false`` until the trailer -- and a killed process leaves it, not
     nothing (what once took a separate run journal).
 
-    Appends go to a buffer, written by one background thread every ``flush_interval`` seconds
-    (a call's events reach the OS at most that long after it ended; 0: at once, by the ending
-    thread; None: only when the buffer holds :data:`FLUSH_BUFFER_BYTES` and at the end) or by
-    the appending thread when the buffer is that full. ``fsync_interval``: seconds between
-    fsyncs, at a write after that long and at close (0: every write; None: never) -- what a
-    power cut may lose on top. A compressed bundle is one gzip stream, flushed (``Z_SYNC_FLUSH``)
-    at each write, so what was written decompresses."""
+    **One thread writes.** After the header, every write -- and the count and fingerprint the
+    trailer declares -- is made by one background thread. The recording threads only queue
+    (one atomic ``deque.append``) what they encoded. A signal handler runs in the main thread
+    and may raise there between any two bytecodes (``KeyboardInterrupt`` at Ctrl-C, a program's
+    ``SIGTERM`` handler calling ``sys.exit``): were the main thread writing, it could be stopped
+    between counting an event and writing it, and the trailer would declare one the file lacks.
+    The writer thread is never interrupted so, and it counts only what it writes.
+
+    The writer writes what is queued every ``flush_interval`` seconds (a call's events reach
+    the OS at most that long after it ended). With 0, each call waits until its events are
+    written, so they are on disk before it returns. With None, it writes only when
+    :data:`FLUSH_BUFFER_BYTES` are queued (then the queueing thread waits, as a bound on memory)
+    and at the end. ``fsync_interval``: seconds between fsyncs, at a write after that long and at
+    close (0: every write; None: never) -- what a power cut may lose on top. A compressed bundle
+    is one gzip stream, flushed (``Z_SYNC_FLUSH``) at each write, so what was written
+    decompresses.
+
+    A write that fails is logged once and ends the writing: what the file holds stays what it
+    held (a bundle that loads, unless the failure cut a line)."""
 
     def __init__(
         self,
         path: Path,
-        head: bytes,
+        encoder: BundleEncoder,
         *,
         flush_interval: float | None = DEFAULT_FLUSH_INTERVAL,
         fsync_interval: float | None = DEFAULT_FSYNC_INTERVAL,
     ) -> None:
+        """Create the file with the header (on the calling thread: a failure to create it is the
+        caller's to handle)."""
         self.path = path
         self.flush_interval = flush_interval
         self.fsync_interval = fsync_interval
-        self._lock = threading.Lock()
-        self._buffer: list[bytes] = []
-        self._buffered = 0
+        self.failed = False
+        """A write failed (logged): nothing more is written."""
+        self._encoder = encoder
+        self._queue: deque[_Item] = deque()
+        self._queued = 0
+        """Bytes queued since the writer last took them (approximate: a trigger only)."""
+        self._due = False
+        self._closing = False
         self._last_sync = time.monotonic()
         self._packer = zlib.compressobj(6, zlib.DEFLATED, 31) if path.name.endswith(".gz") else None
         path.parent.mkdir(parents=True, exist_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
         self._fd: int | None = os.open(path, flags, 0o644)
-        with self._lock:
-            self._write(head)
-        if flush_interval is not None and flush_interval > 0:
-            _FLUSHER.add(self)
+        try:
+            self._write(encoder.head())
+        except BaseException:
+            os.close(self._fd)
+            raise
+        _WRITER.add(self)
+
+    # -- the recording threads: queue, and wait when asked to ----------------------------------
+
+    def append(self, encoded: Encoded, extra: bytes = b"") -> None:
+        """Queue a call's events (``extra``: lines written after them, not counted)."""
+        if self._closing:
+            return
+        self._queue.append((encoded, extra))
+        self._queued += len(encoded.data) + len(extra)
+        if self.flush_interval == 0 or self._queued >= FLUSH_BUFFER_BYTES:
+            self._wait(_Wait())
+
+    def flush(self, timeout: float = -1) -> bool:
+        """Wait until what is queued is written. False: not within ``timeout`` seconds."""
+        return self._closing or self._wait(_Wait(), timeout)
+
+    def close(self, rest: list[Encoded], final: Trace, *, timeout: float = -1) -> bool:
+        """Queue the last events -- the calls still open, each on its own, left out if its call
+        was written already (queued, then cut off before it was marked written) -- and the
+        trailer (``final``: the header as the run's end knows it), and wait until the writer has written them, fsynced (unless the policy is never)
+        and closed the file. False: not within ``timeout`` seconds (at exit: the writer still
+        finishes it while the process lives), or the writing failed."""
+        if self._closing:
+            return False
+        done = _Wait(rest, final)
+        self._queue.append(done)
+        self._closing = True  # (after: cut off between the two, a caller queues it once more)
+        return self._wait(done, timeout, queued=True) and not self.failed
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
+    @property
+    def closing(self) -> bool:
+        """The trailer is queued (or written): nothing more goes in."""
+        return self._closing
+
+    def _wait(self, item: _Wait, timeout: float = -1, *, queued: bool = False) -> bool:
+        if not queued:
+            self._queue.append(item)
+        if self._fd is None:  # closed (or failed) meanwhile: the writer may be past its last
+            item.set()  # look at the queue (it sets ``_fd`` to None before that look)
+        self._due = True
+        _WRITER.wake()
+        return item.wait(timeout)
+
+    # -- the writer thread ---------------------------------------------------------------------
+
+    def write_queued(self, tick: bool) -> None:
+        """Write what is queued (the writer thread; ``tick``: a periodic round, which leaves a
+        bundle without a flush interval alone until it is due)."""
+        if not (self._due or (tick and self.flush_interval)):
+            return
+        self._due = False
+        self._queued = 0
+        items: list[_Item] = []
+        queue = self._queue
+        while queue:
+            items.append(queue.popleft())
+        pieces: list[bytes] = []
+        last: _Wait | None = None
+        try:
+            for item in items:
+                if isinstance(item, tuple):
+                    if last is None:  # (queued after the run's end: too late)
+                        self._encoder.commit(item[0])
+                        pieces += (item[0].data, item[1])
+                elif item.final is not None and last is None:
+                    last = item
+                    for rest in item.rest:
+                        if not self._encoder.committed(rest):
+                            self._encoder.commit(rest)
+                            pieces.append(rest.data)
+                    pieces.append(self._encoder.trailer(item.final))
+            if self._fd is not None:
+                self._write(b"".join(pieces))
+                if last is not None:
+                    self._finish()
+        except Exception:
+            self._fail()
+        finally:
+            for item in items:
+                if isinstance(item, _Wait):
+                    item.set()
 
     def _write(self, data: bytes) -> None:
-        """Write ``data`` (caller holds the lock)."""
         fd = self._fd
-        if fd is None:
+        if fd is None or not data:
             return
         if self._packer is not None:
             data = self._packer.compress(data) + self._packer.flush(zlib.Z_SYNC_FLUSH)
@@ -121,114 +235,139 @@ class BundleAppender:
             os.fsync(fd)
             self._last_sync = time.monotonic()
 
-    def append(self, data: bytes) -> None:
-        with self._lock:
-            if self._fd is None:
-                return
-            self._buffer.append(data)
-            self._buffered += len(data)
-            if self.flush_interval == 0 or self._buffered >= FLUSH_BUFFER_BYTES:
-                self._drain()
-
-    def _drain(self) -> None:
-        if self._buffer:
-            data = b"".join(self._buffer)
-            self._buffer.clear()
-            self._buffered = 0
-            self._write(data)
-
-    def flush(self, timeout: float = -1) -> bool:
-        """Write what is buffered. False: gave up waiting ``timeout`` for the lock."""
-        if not self._lock.acquire(timeout=timeout):
-            return False
+    def _finish(self) -> None:
+        fd = self._fd
+        assert fd is not None
+        if self._packer is not None:
+            tail = self._packer.flush()
+            view = memoryview(tail)
+            while view:
+                view = view[os.write(fd, view) :]
+        self._fd = None
+        self._release()
         try:
-            if self._fd is not None:  # (closed meanwhile: nothing left to write)
-                self._drain()
-        finally:
-            self._lock.release()
-        return True
-
-    @property
-    def closed(self) -> bool:
-        return self._fd is None
-
-    def close(self, last: bytes = b"", *, timeout: float = -1) -> bool:
-        """Write what is buffered and ``last`` (the trailer), fsync (unless the policy is never)
-        and close. False: gave up waiting ``timeout`` for an append under way (at exit, it may
-        belong to the very thread being interrupted) -- what was written stays a bundle."""
-        if not self._lock.acquire(timeout=timeout):
-            return False
-        try:
-            fd = self._fd
-            if fd is None:
-                return True
-            self._buffer.append(last)
-            self._drain()
-            if self._packer is not None:
-                tail = self._packer.flush()
-                view = memoryview(tail)
-                while view:
-                    view = view[os.write(fd, view) :]
-            self._fd = None
-        finally:
-            self._lock.release()
-        _FLUSHER.discard(self)
-        with contextlib.suppress(OSError):
             if self.fsync_interval is not None:
-                os.fsync(fd)
-        os.close(fd)
-        return True
+                with contextlib.suppress(OSError):
+                    os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _release(self) -> None:
+        """Once ``_fd`` is None: no more rounds; free whoever queued a wait meanwhile."""
+        _WRITER.discard(self)
+        queue = self._queue
+        while queue:
+            item = queue.popleft()
+            if isinstance(item, _Wait):
+                item.set()
+
+    def _fail(self) -> None:
+        """A write failed: log it, close the file as it is, write nothing more."""
+        self.failed = True
+        log_internal_error(f"writing the bundle {self.path}")
+        fd, self._fd = self._fd, None
+        self._release()
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
-class _Flusher:
-    """The one background thread that writes the buffered appends of every open run's bundle,
-    at the shortest interval any of them asks for (started with the first, a daemon thread: it
-    holds nothing a process exit would lose beyond the interval, and exit handlers close the
-    bundles)."""
+class _Wait:
+    """A queued marker the queueing thread waits on; with ``final``, the run's end. A bare lock,
+    held until the writer is past it: waiting is one interruptible C call, where an
+    ``Event``'s condition would be Python code that an interrupt can leave half done."""
+
+    __slots__ = ("_done", "final", "rest")
+
+    def __init__(self, rest: list[Encoded] | None = None, final: Trace | None = None) -> None:
+        self._done = threading.Lock()
+        self._done.acquire()
+        self.rest = rest or []
+        self.final = final
+
+    def set(self) -> None:
+        with contextlib.suppress(RuntimeError):  # (set once already)
+            self._done.release()
+
+    def wait(self, timeout: float = -1) -> bool:
+        """(One thread waits on each.)"""
+        return self._done.acquire(timeout=timeout)
+
+
+#: What a recording thread queues: a call's events and the lines after them, or a marker.
+_Item = tuple[Encoded, bytes] | _Wait
+
+
+class _Writer:
+    """The one background thread that writes every open bundle (:class:`BundleAppender`): every
+    ``flush_interval`` (the shortest any open bundle asks for) and whenever a recording thread
+    waits. A daemon thread: it holds nothing a process exit would lose beyond the interval --
+    exit handlers close the bundles through it, and wait for it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: set[BundleAppender] = set()
-        self._wake = threading.Event()
+        #: Wake-ups: a ``SimpleQueue``, whose ``put`` is reentrant -- a signal handler may wake the
+        #: writer while the thread it interrupted is waking it (an ``Event``'s lock would deadlock).
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._round = threading.Lock()
+        """Held by the writer thread through a round (only ever by writer threads)."""
         self._pid = os.getpid()
 
     def add(self, appender: BundleAppender) -> None:
         with self._lock:
             self._open.add(appender)
-            if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
-                self._pid = os.getpid()
-                self._thread = threading.Thread(
-                    target=self._run, name="stepfork-bundle-flush", daemon=True
-                )
-                self._thread.start()
-            self._wake.set()
+        self.wake()
 
     def discard(self, appender: BundleAppender) -> None:
         with self._lock:
             self._open.discard(appender)
 
+    def wake(self) -> None:
+        thread = self._thread
+        if thread is None or self._pid != os.getpid() or not thread.is_alive():
+            with self._lock:  # (started with the first bundle, again in a forked child)
+                if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                    self._pid = os.getpid()
+                    self._thread = threading.Thread(
+                        target=self._run, name="stepfork-bundle-writer", daemon=True
+                    )
+                    self._thread.start()
+        self._wake.put(None)
+
     def _run(self) -> None:
-        while True:
+        context_api.attach(context_api.set_value(_SUPPRESS_KEY, True))  # (for good: its thread)
+        next_tick: float | None = None
+        while self._thread is threading.current_thread():  # (a start cut off may have left
+            # another: only the one started last keeps writing, one round at a time)
+            with self._lock:
+                intervals = [a.flush_interval for a in self._open if a.flush_interval]
+            now = time.monotonic()
+            if intervals:  # (a round a waiting thread asked for does not delay the next tick)
+                soonest = now + min(intervals)
+                next_tick = soonest if next_tick is None else min(next_tick, soonest)
+            else:
+                next_tick = None
+            with contextlib.suppress(queue.Empty):
+                self._wake.get(timeout=None if next_tick is None else max(0.0, next_tick - now))
+            with contextlib.suppress(queue.Empty):  # (before the round: a wake during it is
+                while True:  # the next round's)
+                    self._wake.get_nowait()
+            tick = next_tick is not None and time.monotonic() >= next_tick
+            if tick:
+                next_tick = None
             with self._lock:
                 appenders = list(self._open)
-            intervals = [a.flush_interval for a in appenders if a.flush_interval]
-            self._wake.wait(min(intervals) if intervals else None)
-            self._wake.clear()
-            if not intervals:
-                continue
-            with self._lock:  # the bundles open now (some closed while this thread waited);
-                appenders = [a for a in self._open if a.flush_interval]  # 0: they write at once
-            token = context_api.attach(context_api.set_value(_SUPPRESS_KEY, True))
-            try:
+            with self._round:
                 for appender in appenders:
-                    with handle_internal_errors(f"writing the bundle {appender.path}"):
-                        appender.flush()
-            finally:
-                context_api.detach(token)
+                    try:
+                        appender.write_queued(tick)
+                    except Exception:  # (never the end of the thread)
+                        log_internal_error(f"writing the bundle {appender.path}")
 
 
-_FLUSHER = _Flusher()
+_WRITER = _Writer()
 
 
 def journal_path(bundle_path: Path) -> Path:

@@ -54,7 +54,7 @@ from io import BytesIO
 from itertools import compress, repeat
 from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from pydantic import ValidationError
@@ -1077,19 +1077,32 @@ _RUN_START: set[str] = {
 }
 
 
+class Encoded(NamedTuple):
+    """Events as bytes (:meth:`BundleEncoder.encode`): ``data`` to write, and what the trailer
+    counts of them -- their lines (fingerprinted) and payload-map bytes."""
+
+    data: bytes
+    lines: tuple[bytes, ...]
+    slots: bytes
+    calls: tuple[int, ...] = ()
+    """The numbers of the calls whose call events these are."""
+
+
 class BundleEncoder:
     """The bytes of a bundle written as its run goes (format 3; see ``docs/bundle-format.md``):
     :meth:`head` first, then :meth:`events` as calls end (any order, each outcome after its
     call), then :meth:`trailer` once the run has ended -- what only the end knows (the run's
     output and status, ``complete``, the spans kept as context, the event count and the lines
     fingerprint). Pure bytes: the caller writes them. Holds one byte per event (the payload map
-    the lines fingerprint covers) and nothing else of them."""
+    the lines fingerprint covers) and one bit per call (which calls it has written) and nothing
+    else of them."""
 
     def __init__(self, trace: Trace) -> None:
         """``trace``: the header as known when the run starts (its events are ignored)."""
         self._start = trace
         self._hash = hashlib.sha256()
         self._map = bytearray()
+        self._calls = bytearray()
         self.count = 0
         self._run_map = b"-"
 
@@ -1108,17 +1121,51 @@ class BundleEncoder:
         self._run_map = b"i"
         return line + b"".join([_P_IN, _payload_bytes(run_input, "run input"), b"}\n"])
 
-    def events(self, events: Iterable[Event]) -> bytes:
+    def encode(self, events: Iterable[Event]) -> Encoded:
+        """The bytes of ``events``, not yet counted: :meth:`commit` counts them when they are
+        written. Pure, so that what is counted is exactly what was written even when the
+        encoding thread is interrupted (a signal handler raising in the main thread)."""
         pieces: list[bytes] = []
+        lines: list[bytes] = []
+        calls: list[int] = []
+        slots = bytearray()
         for event in events:
             line, payload, slot = _event_lines(event)
-            self._hash.update(line)
-            self._map += slot
-            self.count += 1
+            lines.append(line)
+            slots += slot
             pieces.append(line)
             if payload is not None:
                 pieces.append(payload)
-        return b"".join(pieces)
+            if isinstance(event, (ToolCall, LlmRequest)):
+                calls.append(event.seq)
+        return Encoded(b"".join(pieces), tuple(lines), bytes(slots), tuple(calls))
+
+    def commit(self, encoded: Encoded) -> None:
+        """Count what :meth:`encode` made, in the order it is written."""
+        for line in encoded.lines:
+            self._hash.update(line)
+        self._map += encoded.slots
+        self.count += len(encoded.lines)
+        written = self._calls
+        for seq in encoded.calls:
+            byte = seq >> 3
+            if byte >= len(written):
+                written += bytes(byte + 1 - len(written))
+            written[byte] |= 1 << (seq & 7)
+
+    def committed(self, encoded: Encoded) -> bool:
+        """Whether every call in ``encoded`` was committed already (one bit per call number)."""
+        written = self._calls
+        return bool(encoded.calls) and all(
+            (seq >> 3) < len(written) and written[seq >> 3] & (1 << (seq & 7))
+            for seq in encoded.calls
+        )
+
+    def events(self, events: Iterable[Event]) -> bytes:
+        """:meth:`encode` and :meth:`commit` at once (the whole-bundle writer)."""
+        encoded = self.encode(events)
+        self.commit(encoded)
+        return encoded.data
 
     def captured(self, reads: Iterable[Any]) -> bytes:
         """A line of captured reads (format 3), written after the call they preceded so that a
