@@ -6,8 +6,8 @@ The bundle is written as the run goes (format 3): each call's events are appende
 and the trailer when the run ends. Variants: the default (appends buffered, flushed by a
 background thread at most 1 s after the call ended: what a ``SIGKILL`` can lose), no background
 flush (``journal=False``: written when 1 MiB is buffered and at the end -- the baseline, no
-durability bound) and ``flush_interval=0`` (one ``write`` per call, as the run journal of
-earlier versions did twice). The per-trace span cap stays at its default (10,000): a run holds
+durability bound) and ``flush_interval=0`` (one ``write`` per call, made by the writer
+thread while the call waits for it: the hand-off between the two threads is most of its cost). The per-trace span cap stays at its default (10,000): a run holds
 what is open, so it is never met. Measured: the calls (median per call), the run's end (the
 trailer and the close), the peak resident memory the run added (``VmHWM`` reset after the
 imports, see ``benchmarks/_child.py``), and the bytes on disk.

@@ -152,11 +152,12 @@ class BundleAppender:
         return self._closing or self._wait(_Wait(), timeout)
 
     def close(self, rest: list[Encoded], final: Trace, *, timeout: float = -1) -> bool:
-        """Queue the last events -- the calls still open, each on its own, left out if its call
-        was written already (queued, then cut off before it was marked written) -- and the
-        trailer (``final``: the header as the run's end knows it), and wait until the writer has written them, fsynced (unless the policy is never)
-        and closed the file. False: not within ``timeout`` seconds (at exit: the writer still
-        finishes it while the process lives), or the writing failed."""
+        """Queue the last events and the trailer, and wait until the writer has written them,
+        fsynced (unless the policy is never) and closed the file. ``rest``: the calls still
+        open, each on its own, left out if the call was written already (queued, then cut off
+        before it was taken off the open calls). ``final``: the header as the run's end knows
+        it. False: not within ``timeout`` seconds (at exit: the writer still finishes it while
+        the process lives), or the writing failed."""
         if self._closing:
             return False
         done = _Wait(rest, final)
