@@ -256,3 +256,34 @@ def test_the_writer_thread_writes_what_was_queued_and_nothing_after_the_trailer(
     loaded = load_trace(path)
     assert loaded.complete
     assert loaded.events == events
+
+
+def test_force_flush_keeps_to_its_timeout_when_the_writer_is_stuck(
+    recording: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a slow disk holds the writer thread: force_flush gives up at the SDK's timeout, and the
+    # calls queued meanwhile are written once the writer is free
+    import threading
+
+    from stepfork_otel.otel.writer import BundleAppender
+
+    stuck, free = threading.Event(), threading.Event()
+    write_queued = BundleAppender.write_queued
+
+    def slow(self: BundleAppender, tick: bool) -> None:
+        if not free.is_set():
+            stuck.set()
+            free.wait(30)
+        write_queued(self, tick)
+
+    path = tmp_path / "stuck.sftrace"
+    with record(path):
+        leaf(1)
+        monkeypatch.setattr(BundleAppender, "write_queued", slow)
+        flushing = threading.Thread(target=recording.provider.force_flush, args=(200,))
+        flushing.start()
+        flushing.join(timeout=20)
+        assert not flushing.is_alive()  # (it would wait for the writer forever without one)
+        assert stuck.is_set()
+        free.set()
+    assert [c.seq for c in load_trace(path).calls] == [1]

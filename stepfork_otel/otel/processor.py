@@ -56,6 +56,7 @@ import math
 import os
 import signal
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -934,9 +935,10 @@ class SftraceSpanProcessor(SpanProcessor):
                 for trace_id, entry in self._traces.items():
                     jobs.extend(self._snapshot_jobs(trace_id, entry))
                 appenders = [live.appender for lives in self._lives.values() for live in lives]
+            deadline = time.monotonic() + timeout_millis / 1000
             for appender in appenders:  # (a bundle written as its run goes is its own snapshot)
                 with handle_internal_errors(f"flushing the bundle {appender.path}"):
-                    appender.flush()
+                    appender.flush(timeout=max(0.0, deadline - time.monotonic()))
             self._write_all(jobs)
         return True
 
