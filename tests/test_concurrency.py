@@ -4,6 +4,7 @@ cross-talk between runs, every run's calls in its own order with its own inputs.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from pathlib import Path
 from typing import Any
@@ -143,3 +144,39 @@ async def test_200_tasks_record_200_separate_runs(recording: Recording, tmp_path
     for i in range(200):
         check_bundle(tmp_path / f"run{i}.sftrace", i, "afetch")
     assert recording.processor.stats.bundles_written == 200
+
+
+def test_threads_making_a_tools_first_call_together_are_all_recorded(
+    recording: Recording, tmp_path: Path, monkeypatch: Any
+) -> None:
+    # a tool's return type and description are resolved at its first call; threads making that
+    # call together must each see both (one saw the type without the description: its call went
+    # unrecorded in a bundle that said it was complete)
+    import time
+
+    from stepfork_otel.recording import boundaries
+
+    describe = boundaries._tool_description
+
+    def slow_description(*args: Any) -> Any:
+        time.sleep(0.01)  # (widens the window between the two)
+        return describe(*args)
+
+    monkeypatch.setattr(boundaries, "_tool_description", slow_description)
+
+    @trace_tool
+    def first(n: int) -> int:
+        return n
+
+    with record(tmp_path / "first.sftrace"):
+        threads = [
+            threading.Thread(target=contextvars.copy_context().run, args=(first, i))
+            for i in range(8)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    trace = Trace.load(tmp_path / "first.sftrace")
+    assert trace.complete
+    assert sorted(c.input for c in trace.calls) == sorted(f'{{"n":{i}}}' for i in range(8))

@@ -720,12 +720,17 @@ def trace_tool(
             return func
         params = list(signature.parameters)
         skip_first = bool(params) and params[0] in ("self", "cls")
-        resolved: list[Any] = []
+        resolved: list[tuple[Any, Any]] = []
 
-        def output_type() -> Any:
-            if not resolved:  # resolved on first call: forward references may not exist earlier
-                resolved.append(_return_type(annotated))
-                resolved.append(_tool_description(annotated, signature, skip_first))
+        def output_type() -> tuple[Any, Any]:
+            """(return type, description), resolved on the first call (forward references may
+            not exist earlier); set in one step, as threads may make the first call together."""
+            if not resolved:
+                types = (
+                    _return_type(annotated),
+                    _tool_description(annotated, signature, skip_first),
+                )
+                resolved[:] = [types]
             return resolved[0]
 
         simple_bind = simple_binder(signature, skip_first)
@@ -738,7 +743,7 @@ def trace_tool(
                 except TypeError:
                     return None  # the call itself is wrong: let the function raise its TypeError
             try:
-                return _prepare_tool(tool_name, policy, arguments, output_type(), resolved[1])
+                return _prepare_tool(tool_name, policy, arguments, *output_type())
             except Exception:
                 internal_error("preparing a boundary call", strict=_in_replay())
                 return None
