@@ -439,3 +439,62 @@ def test_a_journal_left_by_an_earlier_version_is_recovered(tmp_path: Path) -> No
     assert not trace.complete
     assert [c.name for c in trace.calls] == ["lookup"]  # type: ignore[union-attr]
     assert not journal_path(bundle).exists()
+
+
+#: A process that forks while its run is being written: the child makes a call in the inherited
+#: run (the parent's bundle: the child must not write to it) and records a run of its own.
+CHILD_FORKS = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from pathlib import Path
+    from stepfork_otel import configure, record, trace_tool
+    from stepfork_otel.trace.bundle import load_trace
+
+    out = Path(sys.argv[1])
+    configure(directory=out)
+
+    @trace_tool
+    def step(i: int) -> dict:
+        return {"i": i}
+
+    with record(out / "parent.sftrace", flush_interval=1.0):
+        step(0)
+        step(1)  # (queued, not yet written: the child inherits the queue)
+        pid = os.fork()
+        if pid == 0:
+            step(100)  # in the parent's run: left to the parent
+            with record(out / "child.sftrace", flush_interval=0):
+                step(200)
+            time.sleep(1.5)  # (a tick of the child's writer: the parent's queue is not its own)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        step(2)
+    parent = load_trace(out / "parent.sftrace")
+    child = load_trace(out / "child.sftrace")
+    print(json.dumps({
+        "status": status,
+        "parent": [c.input for c in parent.calls],
+        "parent_complete": parent.complete,
+        "child": [c.input for c in child.calls],
+        "child_complete": child.complete,
+    }))
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_leaves_the_parents_bundle_to_the_parent(tmp_path: Path) -> None:
+    from cli_support import run_for_json
+
+    script = tmp_path / "forks.py"
+    script.write_text(CHILD_FORKS)
+    values, _ = run_for_json(
+        [sys.executable, str(script), str(tmp_path)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=60,  # (the child hung waiting for a writer thread it does not have)
+    )
+    assert values["status"] == 0
+    assert values["parent"] == ['{"i":0}', '{"i":1}', '{"i":2}']
+    assert values["parent_complete"]
+    assert values["child"] == ['{"i":200}']
+    assert values["child_complete"]

@@ -254,6 +254,9 @@ class _Ending:
     live: _Live
     still_open: list[tuple[tuple[str, int, str | None], SpanRecord]] | None = None
     dropped: int = 0
+    span: ReadableSpan | None = None
+    """The run's span, ended (None: at exit, the open span is read then)."""
+    payloads: Mapping[str, Payload] | None = None
 
 
 class SftraceSpanProcessor(SpanProcessor):
@@ -284,6 +287,9 @@ class SftraceSpanProcessor(SpanProcessor):
         self._lives: dict[int, list[_Live]] = {}
         #: (trace id, run span id) of runs whose bundles were closed before the run ended.
         self._closed_early: set[tuple[int, int]] = set()
+        #: Runs ending now, from before they leave ``_lives`` until their trailer is queued (for
+        #: the SIGTERM handler, which may land in between).
+        self._endings: set[_Ending] = set()
         self._recovered: set[Path] = set()
         if self.writer.directory is not None:  # a start in that directory
             self._recovered.add(self.writer.directory)
@@ -513,8 +519,9 @@ class SftraceSpanProcessor(SpanProcessor):
                     return False
                 for live in list(lives):
                     if span_id == live.run_id:
-                        ending = _Ending(live)
+                        ending = _Ending(live, span=span, payloads=payloads)
                         runs.append(ending)
+                        self._endings.add(ending)
                         live.lock.acquire()  # (its calls ending elsewhere are queued first)
                         lives.remove(live)
                         entry = self._traces.get(live.trace_id)
@@ -566,6 +573,7 @@ class SftraceSpanProcessor(SpanProcessor):
             for live, _ in calls:
                 _release(live.lock)
             for ending in runs:
+                self._endings.discard(ending)
                 _release(ending.live.lock)
         return bool(calls or runs)
 
@@ -599,7 +607,8 @@ class SftraceSpanProcessor(SpanProcessor):
         """The calls of a run still open as it ends (caller holds the lock): calls without an
         outcome in its bundle."""
         found = []
-        for span_id, call in live.calls.items():
+        for span_id, call in list(live.calls.items()):  # (a snapshot: at exit, another thread
+            # may be taking its call off meanwhile; the writer does not write a call twice)
             span = None if entry is None else entry.open.get(span_id)
             if span is not None:
                 found.append((call, span_record(span, self._handoff.read(span_id))))
@@ -648,45 +657,64 @@ class SftraceSpanProcessor(SpanProcessor):
 
     def _close_lives(self, reason: str, timeout: float) -> None:
         """Close every run's bundle with what it holds, marked incomplete (at exit, at
-        shutdown). Gives up on a run rather than wait more than ``timeout`` for a lock the
-        interrupted code holds: what its bundle already holds stays on disk."""
+        shutdown), and the bundles of runs whose end was cut off before their trailer was
+        queued. Gives up on a run rather than wait for a lock the interrupted code holds --
+        ``timeout`` in all: what its bundle already holds stays on disk."""
+        deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
         if not self._lock.acquire(timeout=timeout):
             for lives in list(self._lives.values()):
                 for live in lives:
-                    live.appender.flush(timeout=timeout)
+                    live.appender.flush(timeout=left())
             return
-        closing: list[tuple[_Ending, SpanRecord]] = []
+        closing: list[tuple[_Ending, SpanRecord, str | None]] = []
+        queued: list[BundleAppender] = []
         try:
-            try:
-                for trace_id, lives in self._lives.items():
-                    entry = self._traces.get(trace_id)
-                    for live in lives:
-                        span = None if entry is None else entry.open.get(live.run_id)
-                        if span is None:
-                            continue
-                        if not live.lock.acquire(timeout=timeout):  # (a reentrant lock: a
-                            live.appender.flush(timeout=timeout)  # handler of this thread's
-                            continue  # signal gets it)
-                        ending = _Ending(live)
-                        closing.append((ending, span_record(span, self._handoff.read(live.run_id))))
-                        ending.still_open = self._open_calls(live, entry)
-                        if not live.outside:
-                            self._closed_early.add((trace_id, live.run_id))
-                self._lives.clear()
-            finally:
-                self._lock.release()
-            for ending, run in closing:
-                with handle_internal_errors(f"ending the bundle {ending.live.appender.path}"):
-                    self._close_live(ending, run, reason=reason, timeout=timeout)
+            for trace_id, lives in self._lives.items():
+                entry = self._traces.get(trace_id)
+                for live in lives:
+                    span = None if entry is None else entry.open.get(live.run_id)
+                    if span is None:
+                        continue
+                    ending = _Ending(live)
+                    closing.append(
+                        (ending, span_record(span, self._handoff.read(live.run_id)), reason)
+                    )
+                    ending.still_open = self._open_calls(live, entry)
+                    self._closed_early.add((trace_id, live.run_id))
+            self._lives.clear()
+            for ending in list(self._endings):  # (the run ended: its own reasons, if any)
+                if ending.live.appender.closing:  # (queued: the process must not die first)
+                    queued.append(ending.live.appender)
+                elif ending.span is not None:
+                    if ending.still_open is None:
+                        ending.still_open = self._open_calls(
+                            ending.live, self._traces.get(ending.live.trace_id)
+                        )
+                    closing.append((ending, span_record(ending.span, ending.payloads), None))
         finally:
-            for ending, _ in closing:
-                _release(ending.live.lock)
+            self._lock.release()
+        for ending, run, why in closing:
+            live = ending.live
+            if not live.lock.acquire(timeout=left()):  # (reentrant: a handler of this thread's
+                live.appender.flush(timeout=left())  # signal gets it)
+                continue
+            try:
+                with handle_internal_errors(f"ending the bundle {live.appender.path}"):
+                    self._close_live(ending, run, reason=why, timeout=left())
+            finally:
+                live.lock.release()
+        for appender in queued:
+            appender.wait_closed(timeout=left())
 
     def finalise(self, timeout: float = 1.0) -> None:
         """At exit (``SIGTERM``, interpreter exit): close the bundle of every run still being
         recorded with what it holds, marked incomplete (its open calls without an outcome)."""
         with handle_internal_errors("finalising runs at exit"):
-            if self._lives:
+            if self._lives or self._endings:
                 self._close_lives("the process exited before the run ended", timeout)
 
     def _path_for(self, trace_id: int, span_id: int | None, *, final: bool) -> Path | None:
@@ -798,7 +826,7 @@ class SftraceSpanProcessor(SpanProcessor):
     ) -> list[_Job]:
         """Buffer an ended span; the bundles its end completes (caller holds the lock).
         ``live``: it was written to the bundle of a run written as it goes, not buffered."""
-        if is_run and (trace_id, span_id) in self._closed_early:
+        if (trace_id, span_id) in self._closed_early:
             self._closed_early.discard((trace_id, span_id))
             live = True  # its bundle was closed at exit (a SIGTERM handler): not once more
         entry = self._entry(trace_id)  # None: the trace is refused (now or earlier)

@@ -20,6 +20,7 @@ import queue
 import re
 import threading
 import time
+import weakref
 import zlib
 from collections import deque
 from pathlib import Path
@@ -124,6 +125,7 @@ class BundleAppender:
         """Bytes queued since the writer last took them (approximate: a trigger only)."""
         self._due = False
         self._closing = False
+        self._close: _Wait | None = None
         self._last_sync = time.monotonic()
         self._packer = zlib.compressobj(6, zlib.DEFLATED, 31) if path.name.endswith(".gz") else None
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -140,7 +142,7 @@ class BundleAppender:
 
     def append(self, encoded: Encoded, extra: bytes = b"") -> None:
         """Queue a call's events (``extra``: lines written after them, not counted)."""
-        if self._closing:
+        if self._closing or self._fd is None:  # (closed, failed, or the parent's)
             return
         self._queue.append((encoded, extra))
         self._queued += len(encoded.data) + len(extra)
@@ -158,16 +160,30 @@ class BundleAppender:
         before it was taken off the open calls). ``final``: the header as the run's end knows
         it. False: not within ``timeout`` seconds (at exit: the writer still finishes it while
         the process lives), or the writing failed."""
-        if self._closing:
+        if self._closing or self._fd is None:
             return False
-        done = _Wait(rest, final)
+        done = self._close = _Wait(rest, final)
         self._queue.append(done)
         self._closing = True  # (after: cut off between the two, a caller queues it once more)
         return self._wait(done, timeout, queued=True) and not self.failed
 
-    @property
-    def closed(self) -> bool:
-        return self._fd is None
+    def wait_closed(self, timeout: float = -1) -> bool:
+        """Wait until the trailer queued by :meth:`close` is written (True: it is, or none is
+        queued)."""
+        if self._close is None:
+            return True
+        self._due = True  # (the closing thread may have been cut off before it woke the writer)
+        _WRITER.wake()
+        return self._close.wait(timeout)
+
+    def leave_to_parent(self) -> None:
+        """In a forked child: write nothing more to this bundle (the parent's; the child's copy
+        of the file descriptor is closed)."""
+        fd, self._fd = self._fd, None
+        self._queue.clear()
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     @property
     def closing(self) -> bool:
@@ -291,8 +307,11 @@ class _Wait:
             self._done.release()
 
     def wait(self, timeout: float = -1) -> bool:
-        """(One thread waits on each.)"""
-        return self._done.acquire(timeout=timeout)
+        if not self._done.acquire(timeout=timeout):
+            return False
+        with contextlib.suppress(RuntimeError):  # (left released, for any other waiter; set
+            self._done.release()  # once more meanwhile: released already)
+        return True
 
 
 #: What a recording thread queues: a call's events and the lines after them, or a marker.
@@ -303,47 +322,73 @@ class _Writer:
     """The one background thread that writes every open bundle (:class:`BundleAppender`): every
     ``flush_interval`` (the shortest any open bundle asks for) and whenever a recording thread
     waits. A daemon thread: it holds nothing a process exit would lose beyond the interval --
-    exit handlers close the bundles through it, and wait for it."""
+    exit handlers close the bundles through it, and wait for it.
+
+    No recording thread takes a lock the writer needs: bundles are handed over, and the writer
+    woken, through a ``SimpleQueue`` (its ``put`` is reentrant: a signal handler may wake the
+    writer while the thread it interrupted is waking it), and the set of open bundles is the
+    writer thread's own. In a forked child the writer starts afresh, and the bundles the child
+    inherited are left to the parent: the child writes none of them."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._reset()
+        self._all: weakref.WeakSet[BundleAppender] = weakref.WeakSet()
+        """Every bundle not yet closed (for a forked child to leave them alone)."""
+
+    def _reset(self) -> None:
+        #: Only for starting the thread; reentrant: a signal handler may start it while the code
+        #: it interrupted is starting it.
+        self._start_lock = threading.RLock()
         self._open: set[BundleAppender] = set()
-        #: Wake-ups: a ``SimpleQueue``, whose ``put`` is reentrant -- a signal handler may wake the
-        #: writer while the thread it interrupted is waking it (an ``Event``'s lock would deadlock).
-        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        """The writer thread's own: the bundles it writes."""
+        self._wake: queue.SimpleQueue[BundleAppender | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._round = threading.Lock()
         """Held by the writer thread through a round (only ever by writer threads)."""
-        self._pid = os.getpid()
 
     def add(self, appender: BundleAppender) -> None:
-        with self._lock:
-            self._open.add(appender)
-        self.wake()
+        self._all.add(appender)
+        self._start()
+        self._wake.put(appender)
 
     def discard(self, appender: BundleAppender) -> None:
-        with self._lock:
-            self._open.discard(appender)
+        """(The writer thread, as it closes ``appender``.)"""
+        self._open.discard(appender)
+        self._all.discard(appender)
 
     def wake(self) -> None:
+        self._start()
+        self._wake.put(None)
+
+    def _start(self) -> None:
         thread = self._thread
-        if thread is None or self._pid != os.getpid() or not thread.is_alive():
-            with self._lock:  # (started with the first bundle, again in a forked child)
-                if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                    self._pid = os.getpid()
+        if thread is None or not thread.is_alive():
+            with self._start_lock:  # (started with the first bundle, again in a forked child)
+                if self._thread is None or not self._thread.is_alive():
                     self._thread = threading.Thread(
                         target=self._run, name="stepfork-bundle-writer", daemon=True
                     )
                     self._thread.start()
-        self._wake.put(None)
+
+    def after_fork_in_child(self) -> None:
+        """Start afresh (the parent's writer thread is not in the child, and its locks and queue
+        may have been mid-use), leaving the parent's bundles to the parent."""
+        inherited = list(self._all)
+        self._reset()
+        self._all = weakref.WeakSet()
+        for appender in inherited:
+            appender.leave_to_parent()
+
+    def _take(self, item: BundleAppender | None) -> None:
+        if item is not None:
+            self._open.add(item)
 
     def _run(self) -> None:
         context_api.attach(context_api.set_value(_SUPPRESS_KEY, True))  # (for good: its thread)
         next_tick: float | None = None
         while self._thread is threading.current_thread():  # (a start cut off may have left
             # another: only the one started last keeps writing, one round at a time)
-            with self._lock:
-                intervals = [a.flush_interval for a in self._open if a.flush_interval]
+            intervals = [a.flush_interval for a in self._open if a.flush_interval]
             now = time.monotonic()
             if intervals:  # (a round a waiting thread asked for does not delay the next tick)
                 soonest = now + min(intervals)
@@ -351,17 +396,17 @@ class _Writer:
             else:
                 next_tick = None
             with contextlib.suppress(queue.Empty):
-                self._wake.get(timeout=None if next_tick is None else max(0.0, next_tick - now))
+                self._take(
+                    self._wake.get(timeout=None if next_tick is None else max(0.0, next_tick - now))
+                )
             with contextlib.suppress(queue.Empty):  # (before the round: a wake during it is
                 while True:  # the next round's)
-                    self._wake.get_nowait()
+                    self._take(self._wake.get_nowait())
             tick = next_tick is not None and time.monotonic() >= next_tick
             if tick:
                 next_tick = None
-            with self._lock:
-                appenders = list(self._open)
             with self._round:
-                for appender in appenders:
+                for appender in list(self._open):
                     try:
                         appender.write_queued(tick)
                     except Exception:  # (never the end of the thread)
@@ -369,6 +414,8 @@ class _Writer:
 
 
 _WRITER = _Writer()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_WRITER.after_fork_in_child)
 
 
 def journal_path(bundle_path: Path) -> Path:

@@ -1082,7 +1082,9 @@ class Encoded(NamedTuple):
     counts of them -- their lines (fingerprinted) and payload-map bytes."""
 
     data: bytes
-    lines: tuple[bytes, ...]
+    lines: tuple[int, ...]
+    """Where each event line is in ``data``: start and end offsets, in turn (the lines, not
+    their payloads, are fingerprinted; offsets, so that the queued bytes are held once)."""
     slots: bytes
     calls: tuple[int, ...] = ()
     """The numbers of the calls whose call events these are."""
@@ -1090,10 +1092,11 @@ class Encoded(NamedTuple):
 
 class BundleEncoder:
     """The bytes of a bundle written as its run goes (format 3; see ``docs/bundle-format.md``):
-    :meth:`head` first, then :meth:`events` as calls end (any order, each outcome after its
-    call), then :meth:`trailer` once the run has ended -- what only the end knows (the run's
-    output and status, ``complete``, the spans kept as context, the event count and the lines
-    fingerprint). Pure bytes: the caller writes them. Holds one byte per event (the payload map
+    :meth:`head` first, then the events as calls end (any order, each outcome after its call),
+    then :meth:`trailer` once the run has ended -- what only the end knows (the run's output and
+    status, ``complete``, the spans kept as context, the event count and the lines fingerprint).
+    Any thread may :meth:`encode` events; whoever writes them will :meth:`commit` them, in the
+    order written (:meth:`events` does both). Pure bytes: the caller writes them. Holds one byte per event (the payload map
     the lines fingerprint covers) and one bit per call (which calls it has written) and nothing
     else of them."""
 
@@ -1126,26 +1129,30 @@ class BundleEncoder:
         written. Pure, so that what is counted is exactly what was written even when the
         encoding thread is interrupted (a signal handler raising in the main thread)."""
         pieces: list[bytes] = []
-        lines: list[bytes] = []
+        lines: list[int] = []
         calls: list[int] = []
         slots = bytearray()
+        at = 0
         for event in events:
             line, payload, slot = _event_lines(event)
-            lines.append(line)
+            lines += (at, at + len(line))
+            at += len(line)
             slots += slot
             pieces.append(line)
             if payload is not None:
                 pieces.append(payload)
+                at += len(payload)
             if isinstance(event, (ToolCall, LlmRequest)):
                 calls.append(event.seq)
         return Encoded(b"".join(pieces), tuple(lines), bytes(slots), tuple(calls))
 
     def commit(self, encoded: Encoded) -> None:
         """Count what :meth:`encode` made, in the order it is written."""
-        for line in encoded.lines:
-            self._hash.update(line)
+        data, lines = memoryview(encoded.data), encoded.lines
+        for i in range(0, len(lines), 2):
+            self._hash.update(data[lines[i] : lines[i + 1]])
         self._map += encoded.slots
-        self.count += len(encoded.lines)
+        self.count += len(lines) // 2
         written = self._calls
         for seq in encoded.calls:
             byte = seq >> 3
