@@ -168,6 +168,20 @@ def _check(path: Path, returned: list[int], *, ended: bool) -> str:
     return trace.incomplete_reason.split(":")[0]
 
 
+def _calls_catching(interrupt: _Interrupt, returned: list[int]) -> None:
+    """Three calls, the second meeting ``interrupt``, which the program catches and goes on."""
+    step(0)
+    returned.append(0)
+    try:
+        with interrupt:
+            step(1)
+        returned.append(1)
+    except KeyboardInterrupt:
+        pass
+    step(2)
+    returned.append(2)
+
+
 @pytest.mark.parametrize("flush", [0.0, 1.0], ids=["flush-at-once", "flush-1s"])
 @_in_own_context
 def test_an_interrupt_at_any_point_of_a_call_leaves_a_bundle_that_loads(
@@ -182,17 +196,8 @@ def test_an_interrupt_at_any_point_of_a_call_leaves_a_bundle_that_loads(
         path = tmp_path / f"caught-{at}.sftrace"
         returned: list[int] = []
         with record(path, flush_interval=flush) as run:
-            step(0)
-            returned.append(0)
             interrupt = _Interrupt(at)
-            try:
-                with interrupt:
-                    step(1)
-                returned.append(1)
-            except KeyboardInterrupt:
-                pass
-            step(2)
-            returned.append(2)
+            _calls_catching(interrupt, returned)
             run.set_output("done")
         assert threading.active_count() < 10
         try:
@@ -219,16 +224,7 @@ def test_an_interrupt_in_calls_outside_any_run_leaves_a_bundle_that_loads(
         returned: list[int] = []
         interrupt = _Interrupt(at)
         with tracer.start_as_current_span("request") as request:
-            step(0)
-            returned.append(0)
-            try:
-                with interrupt:
-                    step(1)
-                returned.append(1)
-            except KeyboardInterrupt:
-                pass
-            step(2)
-            returned.append(2)
+            _calls_catching(interrupt, returned)
         path = recording.directory / f"{request.get_span_context().trace_id:032x}.sftrace"
         try:
             state = _check(path, returned, ended=True)
