@@ -95,13 +95,14 @@ def _attributes(span: ReadableSpan) -> dict[str, Any]:
     them: the SIGTERM handler copies the open calls' attributes in the main thread, perhaps in
     the middle of the SDK setting them under that (non-reentrant) lock. An open span may be
     written to by its thread while this copies it: a torn copy is retried."""
-    # (the SDK span's BoundedAttributes, behind the read-only proxy ``span.attributes``: its dict)
+    # (the SDK span's BoundedAttributes, behind the read-only proxy ``span.attributes``: its dict,
+    # copied in one C call under the GIL)
     items = getattr(getattr(span, "_attributes", None), "_dict", None)
-    if not isinstance(items, dict):
-        items = span.attributes or {}
-    for _ in range(3):
+    if isinstance(items, dict):
+        return dict(items)
+    for _ in range(3):  # (another SDK: its mapping is iterated in Python)
         try:
-            return dict(items)
+            return dict(span.attributes or {})
         except (RuntimeError, KeyError):
             continue
     return dict(span.attributes or {})
