@@ -348,7 +348,7 @@ def openai_response(body: dict[str, Any], output: dict[str, Any]) -> Summary:
     summary = Summary()
     _openai_inputs(body, summary)
     result = _dict(output.get("body"))
-    if k.STREAM_CHUNKS in output:
+    if k.STREAM_CHUNKS in output and "body" not in output:  # (a body: no event stream)
         events = _events(output)
         final = [_dict(e.get("response")) for e in events if "response" in e]
         result = final[-1] if final else _chat_from_stream(events)
@@ -469,7 +469,7 @@ def anthropic_response(body: dict[str, Any], output: dict[str, Any]) -> Summary:
             {"role": message.get("role"), "parts": _anthropic_parts(message.get("content"))}
         )
     result = _dict(output.get("body"))
-    if k.STREAM_CHUNKS in output:
+    if k.STREAM_CHUNKS in output and "body" not in output:  # (a body: no event stream)
         result = _message_from_stream(_events(output))
     summary.identify(result)
     usage = _dict(result.get("usage"))
