@@ -5,7 +5,7 @@ fresh child process per variant (``python -m benchmarks.bench_durability --child
 The bundle is written as the run goes (format 3): each call's events are appended when it ends,
 and the trailer when the run ends. Variants: the default (appends buffered, flushed by a
 background thread at most 1 s after the call ended: what a ``SIGKILL`` can lose), no background
-flush (``journal=False``: written when 1 MiB is buffered and at the end -- the baseline, no
+flush (``background_flush=False``: written when 1 MiB is buffered and at the end -- the baseline, no
 durability bound) and ``flush_interval=0`` (one ``write`` per call, made by the writer
 thread while the call waits for it: the hand-off between the two threads is most of its cost). The per-trace span cap stays at its default (10,000): a run holds
 what is open, so it is never met. Measured: the calls (median per call), the run's end (the
@@ -25,7 +25,7 @@ from typing import Any
 CALLS = 100_000
 QUICK_CALLS = 300
 VARIANTS = ("flush <= 1 s (default)", "no background flush", "flush at once")
-_SETTINGS = {  # variant -> (journal, flush_interval)
+_SETTINGS = {  # variant -> (background_flush, flush_interval)
     "flush <= 1 s (default)": (True, 1.0),
     "no background flush": (False, 1.0),
     "flush at once": (True, 0.0),
@@ -51,7 +51,7 @@ def _child(variant: str, calls: int) -> dict[str, Any]:
     provider = TracerProvider()
     processor = configure(tracer_provider=provider)
     assert isinstance(processor, SftraceSpanProcessor)
-    processor.journal, processor.flush_interval = _SETTINGS[variant]
+    processor.background_flush, processor.flush_interval = _SETTINGS[variant]
 
     @trace_tool
     def tool(request: Any) -> Any:

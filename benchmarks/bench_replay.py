@@ -35,7 +35,7 @@ from benchmarks._common import (
 )
 from stepfork_otel import ReplaySession, llm_request, record, trace_tool
 from stepfork_otel import constants as k
-from stepfork_otel.trace.canonical import canonical_bytes, restore_key_order
+from stepfork_otel.trace.canonical import canonical_bytes
 from stepfork_otel.trace.models import Trace, payload_value
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
 
@@ -108,32 +108,19 @@ def _parts(agent: _Agent, path: Any) -> list[list[str]]:
     inputs = [{"request": v, "n": n} if n % 2 == 0 else v for n, v in enumerate(agent.inputs)]
     outcomes = [o for c in trace.calls if (o := trace.outcome_of(c)) and o.output]
     outputs = [o.output for o in outcomes]
-    orders = [o.output_key_order or [] for o in outcomes]
     rows = []
     for label, fn, items in (
         ("canonical JSON of the input (`canonical_bytes`)", canonical_bytes, inputs),
         ("redaction of the input (`redact_canonical`)", _redacted, inputs),
-        ("parse of the recorded output (`payload_value`)", payload_value, outputs),
+        ("parse of the recorded output, as returned (`payload_value`)", payload_value, outputs),
     ):
         best = min(_time_all(fn, items) for _ in range(5))
         rows.append([label, fmt_us(best / len(items))])
-    entries = sum(map(len, orders)) / len(orders)
-    best = min(_time_restore(outputs, orders) for _ in range(5))
-    label = f"key order as returned (`restore_key_order`, {entries:.1f} objects per output)"
-    rows.append([label, fmt_us(best / len(outputs))])
     return rows
 
 
 def _redacted(value: Any) -> str:
     return DEFAULT_REDACTOR.redact_canonical(canonical_bytes(value).decode("utf-8"))
-
-
-def _time_restore(outputs: list[str], orders: list[Any]) -> float:
-    values = [payload_value(text) for text in outputs]  # parsed before: restoring changes them
-    start = time.perf_counter()
-    for value, order in zip(values, orders, strict=True):
-        restore_key_order(value, order)
-    return time.perf_counter() - start
 
 
 def _time_all(fn: Any, items: list[Any]) -> float:

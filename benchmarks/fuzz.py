@@ -4,9 +4,8 @@
 20,000 bundle mutants, 5,000 OTLP mutants, seed 13, ``benchmarks/FUZZ_RESULTS.md``). The same
 mutators and checks run, bounded, in the normal test suite (``tests/test_fuzz.py``, hypothesis).
 
-Every bundle mutant (of the golden bundles, of a bundle cut short as a killed process leaves it,
-and of the run journal older releases left) is
-written to a file (a third of them gzipped) and given to what a user runs:
+Every bundle mutant (of the golden bundles, and of a bundle cut short as a killed process leaves
+it) is written to a file (a third of them gzipped) and given to what a user runs:
 ``load_trace`` and ``verify_integrity``, ``stepfork validate``'s check, ``stepfork show``'s tree,
 and a frozen replay of the golden agent that recorded it. Every OTLP mutant goes through
 ``iter_traces_from_otlp_json``; each bundle it yields is saved and loaded back (an imported run
@@ -93,9 +92,6 @@ GOLDEN_BUNDLES = {
     "dinner_dated.sftrace": (golden_agent.run_dated_agent, golden_agent.LISBON),
     "legacy_no_fingerprints.sftrace": (golden_agent.run_dinner_agent, golden_agent.LISBON),
     "missing_result.sftrace": (golden_agent.run_dinner_agent, golden_agent.LISBON),
-    # the journal a killed process left, in the releases that kept one beside the bundle
-    # (still read like a bundle; nothing writes one any more)
-    "dinner_lisbon.sftrace.journal": (golden_agent.run_dinner_agent, golden_agent.LISBON),
     # a run written as it goes (format 3), cut just before its end: no trailer
     # (--write-cut-golden)
     "dinner_lisbon_cut.sftrace": (golden_agent.run_dinner_agent, golden_agent.LISBON),
@@ -625,9 +621,7 @@ def write_otlp_golden(path: Path = OTLP_GOLDEN) -> Path:
 
 def write_cut_golden(path: Path = GOLDEN / "dinner_lisbon_cut.sftrace") -> Path:
     """Record the golden agent's Lisbon run and keep its bundle as it is just before the run
-    ends (what a process killed at that moment leaves: every call, no trailer). The journal
-    golden (``dinner_lisbon.sftrace.journal``) was written by the releases that kept a journal
-    beside the bundle; it is kept as it is, an input that must still load."""
+    ends (what a process killed at that moment leaves: every call, no trailer)."""
     import shutil
 
     from opentelemetry.sdk.trace import TracerProvider

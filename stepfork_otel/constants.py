@@ -21,11 +21,10 @@ from typing import Final, Literal
 #: Name of the instrumentation scope (the tracer name) used for every stepfork span.
 INSTRUMENTATION_NAME: Final = "stepfork_otel"
 
-#: Version of the `.sftrace` bundle format this library writes (and the newest it reads; every
-#: older one is read too). 2 added ``output_key_order`` (the order a call returned its keys in);
-#: 3 added ``captured`` (clock, randomness, uuids and environment read by the run) and lets a
-#: bundle be written as its run goes (events in the order calls ended, then a trailer).
-FORMAT_VERSION: Final = 3
+#: Version of the `.sftrace` bundle format this library writes and the only one it reads (the
+#: package is unreleased: versions 1-3 were development formats, refused with a clear error).
+#: 4 stores each output once, as the call returned it (its fingerprint is of that text).
+FORMAT_VERSION: Final = 4
 #: Value of the ``format`` field of every bundle.
 FORMAT_NAME: Final = "sftrace"
 #: File name suffix of a bundle.
@@ -251,11 +250,7 @@ DEFAULT_MAX_JSON_DEPTH: Final = 254
 
 # --- crash-durable recording (see docs/guarantees.md) -------------------------------------------
 
-#: Value of the ``format`` field of a run journal's first line.
-JOURNAL_FORMAT: Final = "sftrace-journal"
-#: Appended to a bundle's file name for the journal of its run while it is being recorded.
-JOURNAL_SUFFIX: Final = ".journal"
-#: Seconds between two fsyncs of a run journal (data reaches the OS at once either way).
+#: Seconds between two fsyncs of a bundle being written as its run goes.
 DEFAULT_FSYNC_INTERVAL: Final = 1.0
 
 # --- memory bounded by what is open: the bundle written as the run goes (issue 13, item 2) --------

@@ -41,7 +41,7 @@ def test_show_failure_tree(bundles: Bundles) -> None:
     assert "error SeatUnavailableError" in heads[3]
     assert '│    in  {"city":"Paris","max_results":5}  sha256 3a95c0f3af5f…' in lines
     assert any(
-        line.startswith('│    out [{"airline":"Air France","flight_id":"AF1381"') for line in lines
+        line.startswith('│    out [{"flight_id":"AF1381","airline":"Air France"') for line in lines
     )
     assert (
         "     err SeatUnavailableError: booking API (key [REDACTED:openai_api_key]) refused "

@@ -32,8 +32,8 @@ def sha(text: str) -> str:
 
 def payload_attrs(prefix: str, text: str) -> dict[str, Any]:
     if prefix == "input":
-        return {k.INPUT: text, k.INPUT_SHA256: sha(text), k.INPUT_SIZE: len(text.encode())}
-    return {k.OUTPUT: text, k.OUTPUT_SHA256: sha(text), k.OUTPUT_SIZE: len(text.encode())}
+        return {k.INPUT_VALUE: text, k.INPUT_SHA256: sha(text), k.INPUT_SIZE: len(text.encode())}
+    return {k.OUTPUT_VALUE: text, k.OUTPUT_SHA256: sha(text), k.OUTPUT_SIZE: len(text.encode())}
 
 
 def sid(n: int) -> str:
@@ -432,7 +432,7 @@ def with_attrs(span: SpanRecord, **changes: Any) -> SpanRecord:
 def test_a_cut_payload_is_missing_never_whole() -> None:
     whole = '{"arg":"' + "x" * 100 + '"}'
     base = tool_span(1, None, 0, 10, result=whole)
-    cut = with_attrs(base, OUTPUT=whole[:40])
+    cut = with_attrs(base, OUTPUT_VALUE=whole[:40])
     result = to_trace([cut]).events[1]
     assert isinstance(result, ToolResult)
     assert (result.output, result.output_missing, result.output_sha256) == (
@@ -444,7 +444,7 @@ def test_a_cut_payload_is_missing_never_whole() -> None:
     no_sha = with_attrs(cut, OUTPUT_SHA256=None)
     assert to_trace([no_sha]).events[1].output_missing == "truncated"  # type: ignore[union-attr]
     # a fingerprint that is not 64 hex digits was cut too: neither it nor the text is kept
-    cut_sha = with_attrs(base, OUTPUT_SHA256=sha(whole)[:20], OUTPUT=whole[:20])
+    cut_sha = with_attrs(base, OUTPUT_SHA256=sha(whole)[:20], OUTPUT_VALUE=whole[:20])
     event = to_trace([cut_sha]).events[1]
     assert (event.output, event.output_sha256, event.output_missing) == (None, None, "truncated")  # type: ignore[union-attr]
 
@@ -466,7 +466,10 @@ def test_legacy_spans_without_fingerprints_keep_their_payload() -> None:
 def test_payloads_left_off_the_span_say_why() -> None:
     text = '{"arg":1}'
     capped = with_attrs(
-        tool_span(1, None, 0, 10), INPUT=None, INPUT_OMITTED=k.OMITTED_SIZE_CAP, OUTPUT=None
+        tool_span(1, None, 0, 10),
+        INPUT_VALUE=None,
+        INPUT_OMITTED=k.OMITTED_SIZE_CAP,
+        OUTPUT_VALUE=None,
     )
     trace = to_trace([capped])
     call, result = trace.calls[0], trace.events[1]
@@ -478,7 +481,7 @@ def test_payloads_left_off_the_span_say_why() -> None:
 
 def test_handed_over_payloads_replace_the_attributes() -> None:
     whole = '{"big":"' + "z" * 500 + '"}'
-    span = with_attrs(tool_span(1, None, 0, 10, status=k.STATUS_ERROR), INPUT=whole[:10])
+    span = with_attrs(tool_span(1, None, 0, 10, status=k.STATUS_ERROR), INPUT_VALUE=whole[:10])
     handed = SpanRecord(
         span.trace_id,
         span.span_id,

@@ -28,7 +28,7 @@ import pytest
 from cli_support import ROOT
 
 from stepfork_otel import ReplaySession, trace_tool
-from stepfork_otel.otel.writer import journal_path, recover_directory
+from stepfork_otel.otel.writer import recover_directory
 from stepfork_otel.trace.bundle import load_trace
 
 KILLS = 104
@@ -161,7 +161,8 @@ def _check(killed: Killed) -> str:
         return "before the run"
     assert left == ["run.sftrace"], left  # no journal, no temporary file: the bundle itself
     trace = load_trace(bundle)  # loads as it is: no recovery step
-    assert recover_directory(killed.directory) == []  # (nothing to recover)
+    recover_directory(killed.directory)  # (nothing to recover: the bundle stays as it is)
+    assert sorted(p.name for p in killed.directory.iterdir()) == left
     finished = [c for c in trace.calls if trace.outcome_of(c) is not None]
     if trace.complete:  # killed after the trailer was written
         assert len(finished) == CALLS
@@ -236,7 +237,7 @@ def test_sigterm_never_replaces_the_programs_own_handler(tmp_path: Path) -> None
     trace = load_trace(killed.directory / "run.sftrace")  # ... and the run is on disk: the
     assert trace.run.status == "error"  # handler's sys.exit ended it, recorded as its outcome
     assert trace.run.error_type == "SystemExit"
-    assert not journal_path(killed.directory / "run.sftrace").exists()
+    assert sorted(p.name for p in killed.directory.iterdir()) == ["run.sftrace"]
 
 
 #: The zero-code shape: no ``record(...)``, a directory, and the application's own span around
@@ -317,7 +318,7 @@ def test_leftover_temporary_files_of_dead_processes_are_deleted(tmp_path: Path) 
     other = tmp_path / ".notes.tmp"  # not one of ours
     for path in (stale, live, other):
         path.write_bytes(b"x" * 1000)
-    assert recover_directory(tmp_path) == []
+    recover_directory(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
 
 
@@ -390,55 +391,12 @@ def test_fsync_policy_and_switching_the_background_flush_off(
     with record(tmp_path / "never.sftrace"):
         lookup("a")
     assert synced == []
-    recording.processor.journal = False  # no background flush: written when the run ends
+    recording.processor.background_flush = False  # no background flush: written when the run ends
     recording.processor.flush_interval = 1.0
     with record(tmp_path / "off.sftrace"):
         lookup("a")
         assert load_trace(tmp_path / "off.sftrace").calls == []
     assert len(load_trace(tmp_path / "off.sftrace").calls) == 1
-
-
-def test_a_journal_left_by_an_earlier_version_is_recovered(tmp_path: Path) -> None:
-    from stepfork_otel.trace.conversion import SpanRecord
-    from stepfork_otel.trace.journal import journal_header, journal_line
-
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
-    )
-    bundle = tmp_path / "run.sftrace"
-    run = SpanRecord(
-        "ab" * 16,
-        "01" * 8,
-        None,
-        "invoke_agent old",
-        start_time_unix_nano=1,
-        attributes={"stepfork.kind": "run"},
-    )
-    call = SpanRecord(
-        "ab" * 16,
-        "02" * 8,
-        "01" * 8,
-        "execute_tool lookup",
-        start_time_unix_nano=2,
-        end_time_unix_nano=3,
-        status="ok",
-        attributes={
-            "stepfork.kind": "tool",
-            "gen_ai.tool.name": "lookup",
-            "stepfork.status": "ok",
-            "stepfork.output": '"A"',
-        },
-    )
-    journal_path(bundle).write_bytes(
-        journal_header(bundle.name, "ab" * 16, "01" * 8, int(dead.stdout))
-        + journal_line(run)
-        + journal_line(call)
-    )
-    assert recover_directory(tmp_path) == [bundle]
-    trace = load_trace(bundle)
-    assert not trace.complete
-    assert [c.name for c in trace.calls] == ["lookup"]  # type: ignore[union-attr]
-    assert not journal_path(bundle).exists()
 
 
 #: A process that forks while its run is being written: the child makes a call in the inherited

@@ -268,18 +268,26 @@ def test_processor_on_end(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    monkeypatch.setattr(processor_module, "span_events", explode)
+    real, seen = writer_module.span_events, []
+
+    def first_explodes(*args: Any) -> Any:
+        seen.append(args)
+        return explode() if len(seen) == 1 else real(*args)
+
+    monkeypatch.setattr(writer_module, "span_events", first_explodes)  # (the writer converts)
     with record(tmp_path / "e.sftrace") as run:
         assert tool(3) == 6
+        assert tool(4) == 8
         run.set_output(6)
     assert internal_errors(logged) == [
-        f"stepfork_otel internal error while writing a call to the bundle "
+        f"stepfork_otel internal error while converting call 1 for the bundle "
         f"{tmp_path / 'e.sftrace'}; the program continues"
     ]
     assert recording.processor.stats.write_errors == 1
     trace = Trace.load(tmp_path / "e.sftrace")  # the bundle says what it lacks
     assert trace.complete is False
-    assert trace.incomplete_reason == "1 span(s) could not be written (internal error, logged)"
+    assert trace.incomplete_reason == "1 call(s) could not be written (internal error, logged)"
+    assert [c.input for c in trace.calls] == ['{"x":4}']  # the next call is still written
 
 
 def test_processor_on_end_buffering(

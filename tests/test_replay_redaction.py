@@ -53,9 +53,9 @@ def test_live_tool_exception_is_redacted_in_replayed_calls(recording: Recording)
 class CountingRedactor(Redactor):
     """The default rules, counting the payloads redaction looked at."""
 
-    def redact_canonical(self, canonical: str) -> str:
+    def redact_canonical(self, canonical: str, *, keep_order: bool = False) -> str:
         seen.append(canonical)
-        return super().redact_canonical(canonical)
+        return super().redact_canonical(canonical, keep_order=keep_order)
 
 
 seen: list[str] = []

@@ -37,8 +37,7 @@ Design choices, and why:
 * ``force_flush`` flushes every bundle written as it goes (the file is its own snapshot) and
   writes a snapshot of what is buffered, marked incomplete; ``shutdown`` flushes and then stops.
 * Crash durability: a bundle left by a dead process loads as it is (``complete: false``, the
-  calls that had ended); run journals of earlier versions left in a directory are recovered by
-  the next recording there; at exit and on ``SIGTERM`` (when the program has no handler of its
+  calls that had ended); at exit and on ``SIGTERM`` (when the program has no handler of its
   own) :meth:`finalise` closes the bundles of the runs still open, their open calls without an
   outcome.
 * Full payloads come from the boundaries through the in-process hand-off
@@ -70,7 +69,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors
 from stepfork_otel.config import CONFIG, RecordingConfig
-from stepfork_otel.otel.writer import BundleAppender, BundleWriter, recover_directory
+from stepfork_otel.otel.writer import BundleAppender, BundleWriter, QueuedCall, recover_directory
 from stepfork_otel.recording.handoff import HANDOFF, PayloadHandoff
 from stepfork_otel.trace import grouping
 from stepfork_otel.trace.bundle import BundleEncoder, bundle_file_name
@@ -113,7 +112,7 @@ def span_record(
 ) -> SpanRecord:
     """Describe an SDK span for the conversion (the processor's side of the one conversion).
     ``copy=False``: the span's own attribute mapping, for a span that has ended (and so can no
-    longer change) and a record that does not outlive the call."""
+    longer change: the record may be queued for the writer thread)."""
     ctx = span.get_span_context()
     parent = span.parent
     return SpanRecord(
@@ -272,12 +271,12 @@ class SftraceSpanProcessor(SpanProcessor):
         compress: bool = False,
         config: RecordingConfig | None = None,
         handoff: PayloadHandoff | None = None,
-        journal: bool = True,
+        background_flush: bool = True,
         fsync_interval: float | None = k.DEFAULT_FSYNC_INTERVAL,
         flush_interval: float | None = k.DEFAULT_FLUSH_INTERVAL,
     ) -> None:
         self.writer = BundleWriter(directory, compress=compress)
-        self.journal = journal
+        self.background_flush = background_flush
         """Crash durability: flush each run's bundle every ``flush_interval`` seconds while it is
         recorded. False: only when its buffer fills and when the run ends."""
         self.fsync_interval = fsync_interval
@@ -355,12 +354,14 @@ class SftraceSpanProcessor(SpanProcessor):
         span_id: int | None = None,
         flush_interval: float | None = None,
         fsync_interval: float | None = None,
+        span: object = None,
     ) -> Path:
         """Where the bundle of the run ``span_id`` (None: of the trace) goes: a file, or a
         directory (an existing one, or a path ending in a separator), named by trace id.
         ``flush_interval`` / ``fsync_interval``: the run's own (None: the processor's;
-        ``math.inf``: never)."""
-        durability = (flush_interval, fsync_interval)
+        ``math.inf``: never). ``span``: the run's span, tracked now if its start was not (a
+        sampler that dropped its attributes: the bundle then says it holds no call)."""
+        durability = (flush_interval, fsync_interval, span)
         directory: Path | None = None
         if destination is not None:
             text = os.fspath(destination)
@@ -389,6 +390,7 @@ class SftraceSpanProcessor(SpanProcessor):
         path: Path,
         flush_interval: float | None = None,
         fsync_interval: float | None = None,
+        run_span: object = None,
     ) -> None:
         """Start writing the bundle of a run to ``path`` (after recovering what dead processes
         left in that directory, once per directory): its header now, its calls as they end."""
@@ -402,6 +404,10 @@ class SftraceSpanProcessor(SpanProcessor):
             with self._lock:
                 entry = self._traces.get(trace_id)
                 span = None if entry is None else entry.open.get(run_id)
+                if span is None and isinstance(run_span, Span) and run_span.end_time is None:
+                    entry = self._entry(trace_id)  # (its start was a span not stepfork's)
+                    if entry is not None and entry.size() < self.max_spans_per_trace:
+                        span = entry.open[run_id] = run_span
                 lives = self._lives.setdefault(trace_id, [])
                 if span is None or any(live.run_id == run_id for live in lives):
                     if not lives:
@@ -432,7 +438,7 @@ class SftraceSpanProcessor(SpanProcessor):
         return BundleAppender(
             path,
             encoder,
-            flush_interval=flush if self.journal and not math.isinf(flush or 0) else None,
+            flush_interval=flush if self.background_flush and not math.isinf(flush or 0) else None,
             fsync_interval=None if fsync is None or math.isinf(fsync) else fsync,
         )
 
@@ -581,14 +587,12 @@ class SftraceSpanProcessor(SpanProcessor):
     def _append_call(
         self, live: _Live, record: SpanRecord, span_id: int, call: tuple[str, int, str | None]
     ) -> None:
-        """Queue an ended call's events for its bundle, and only then take it off the run's
-        open calls (caller holds ``live.lock``)."""
-        events = [e for e in span_events(record, *call) if e is not None]
+        """Queue an ended call for its bundle -- the writer thread converts it to its events --
+        and only then take it off the run's open calls (caller holds ``live.lock``)."""
         if live.replay_mode is None or call[1] < live.replay_mode[0]:
             mode = replay_mode_of(record)
             if mode is not None:
                 live.replay_mode = (call[1], mode)
-        encoded = live.encoder.encode(events)
         extra = b""
         reads = record.attributes.get(k.CAPTURED)
         if reads is not None:  # kept for the trailer, and on disk at once
@@ -599,7 +603,7 @@ class SftraceSpanProcessor(SpanProcessor):
             )
             live.captured_seq[record.span_id] = call[1]
             extra = live.encoder.captured(captured_reads(live.captured[-1:], live.captured_seq)[0])
-        live.appender.append(encoded, extra)
+        live.appender.append(QueuedCall(record, call), extra)
         live.calls.pop(span_id, None)
 
     def _open_calls(
@@ -655,6 +659,7 @@ class SftraceSpanProcessor(SpanProcessor):
             self.stats.bundles_written += 1
         elif live.appender.failed:  # (logged by the writer)
             self.stats.write_errors += 1
+        self.stats.write_errors += live.appender.lost  # calls the writer could not convert
 
     def _close_lives(self, reason: str, timeout: float) -> None:
         """Close every run's bundle with what it holds, marked incomplete (at exit, at
@@ -767,7 +772,22 @@ class SftraceSpanProcessor(SpanProcessor):
         could start there; its end then goes the usual way.)"""
         return self.directory is None and span.parent is None and _kind(span) in k.BOUNDARY_KINDS
 
+    def _untracked(self, span: ReadableSpan) -> bool:
+        """A span that is not stepfork's, in a trace the processor holds nothing of, with no
+        directory for calls outside runs: nothing of it can reach a bundle (a run that starts
+        under it later holds only its own subtree), so it costs one attribute lookup and one
+        dict lookup -- the tax on every other span of the application."""
+        try:
+            if self.writer.directory is not None or (span.attributes or {}).get(k.KIND):
+                return False
+            trace_id = span.context.trace_id
+            return trace_id not in self._traces and trace_id not in self._refused
+        except Exception:  # (never on the SDK's spans: the slow path then says what is wrong)
+            return False
+
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        if self._untracked(span):
+            return
         with handle_internal_errors("tracking a started span"):
             ctx = span.get_span_context()
             if ctx is None or self._shutdown:
@@ -789,6 +809,8 @@ class SftraceSpanProcessor(SpanProcessor):
                     self._live_start(lives, span, ctx.span_id)
 
     def on_end(self, span: ReadableSpan) -> None:
+        if self._untracked(span):
+            return
         with handle_internal_errors("buffering a finished span"):
             ctx = span.get_span_context()
             if ctx is None:

@@ -154,6 +154,7 @@ class RunRecorder:
                     span_context.trace_id,
                     self._destination,
                     span_id=span_context.span_id,
+                    span=span,
                     **self._durability,
                 )
 

@@ -6,9 +6,8 @@ decides when a batch is done and a ``SpanExporter`` where it goes. Swapping the 
 touches the buffering.
 
 A run's bundle is written as the run goes (:class:`BundleAppender`), so a killed process leaves
-its calls on disk in a file that loads; :func:`recover_directory` turns what dead processes of
-earlier versions left in a directory (run journals) into bundles, and deletes half-written
-temporary files of atomic writes.
+its calls on disk in a file that loads; :func:`recover_directory` deletes the half-written
+temporary files of atomic writes that dead processes left in a directory.
 """
 
 from __future__ import annotations
@@ -24,26 +23,24 @@ import weakref
 import zlib
 from collections import deque
 from pathlib import Path
+from typing import NamedTuple
 
-import orjson
 from opentelemetry import context as context_api
 
-from stepfork_otel._internal import handle_internal_errors, log_internal_error
+from stepfork_otel._internal import log_internal_error
 from stepfork_otel.constants import (
     DEFAULT_FLUSH_INTERVAL,
     DEFAULT_FSYNC_INTERVAL,
     FLUSH_BUFFER_BYTES,
-    JOURNAL_SUFFIX,
 )
 from stepfork_otel.trace.bundle import (
     TMP_SUFFIX,
     BundleEncoder,
     Encoded,
     bundle_file_name,
-    load_trace,
     save_trace,
 )
-from stepfork_otel.trace.errors import BundleError
+from stepfork_otel.trace.conversion import SpanRecord, span_events
 from stepfork_otel.trace.models import Trace
 
 logger = logging.getLogger("stepfork_otel")
@@ -77,12 +74,12 @@ class BundleWriter:
 
 
 class BundleAppender:
-    """The bundle of one run, written as the run goes (format 3, see
+    """The bundle of one run, written as the run goes (see
     :class:`~stepfork_otel.trace.bundle.BundleEncoder`): the file at the bundle's own path is
     created with its header when the run starts, each call's events are appended when the call
     ends, and the trailer closes it when the run ends. So the file on disk is always a bundle
     that loads -- ``complete: false`` until the trailer -- and a killed process leaves it, not
-    nothing (what once took a separate run journal).
+    nothing.
 
     **One thread writes.** After the header, every write -- and the count and fingerprint the
     trailer declares -- is made by one background thread. The recording threads only queue
@@ -119,6 +116,8 @@ class BundleAppender:
         self.fsync_interval = fsync_interval
         self.failed = False
         """A write failed (logged): nothing more is written."""
+        self.lost = 0
+        """Calls the writer thread could not convert (logged; the trailer says so)."""
         self._encoder = encoder
         self._queue: deque[_Item] = deque()
         self._queued = 0
@@ -140,12 +139,13 @@ class BundleAppender:
 
     # -- the recording threads: queue, and wait when asked to ----------------------------------
 
-    def append(self, encoded: Encoded, extra: bytes = b"") -> None:
-        """Queue a call's events (``extra``: lines written after them, not counted)."""
+    def append(self, call: Encoded | QueuedCall, extra: bytes = b"") -> None:
+        """Queue a call: its events encoded, or the call as it ended, which the writer thread
+        converts to its events (``extra``: lines written after them, not counted)."""
         if self._closing or self._fd is None:  # (closed, failed, or the parent's)
             return
-        self._queue.append((encoded, extra))
-        self._queued += len(encoded.data) + len(extra)
+        self._queue.append((call, extra))
+        self._queued += call.size() + len(extra)
         if self.flush_interval == 0 or self._queued >= FLUSH_BUFFER_BYTES:
             self._wait(_Wait())
 
@@ -218,15 +218,17 @@ class BundleAppender:
             for item in items:
                 if isinstance(item, tuple):
                     if last is None:  # (queued after the run's end: too late)
-                        self._encoder.commit(item[0])
-                        pieces += (item[0].data, item[1])
+                        encoded = self._encoded(item[0])
+                        if encoded is not None:
+                            self._encoder.commit(encoded)
+                            pieces += (encoded.data, item[1])
                 elif item.final is not None and last is None:
                     last = item
                     for rest in item.rest:
                         if not self._encoder.committed(rest):
                             self._encoder.commit(rest)
                             pieces.append(rest.data)
-                    pieces.append(self._encoder.trailer(item.final))
+                    pieces.append(self._encoder.trailer(self._final(item.final)))
             if self._fd is not None:
                 self._write(b"".join(pieces))
                 if last is not None:
@@ -237,6 +239,26 @@ class BundleAppender:
             for item in items:
                 if isinstance(item, _Wait):
                     item.set()
+
+    def _encoded(self, call: Encoded | QueuedCall) -> Encoded | None:
+        """A queued call's events as bytes: the one conversion's per-span step, run here, off
+        the recording thread. A call it fails on is logged and counted (the trailer then says
+        the bundle is incomplete), never the end of the bundle."""
+        if isinstance(call, Encoded):
+            return call
+        try:
+            events = [e for e in span_events(call.record, *call.call) if e is not None]
+            return self._encoder.encode(events)
+        except Exception:
+            self.lost += 1
+            log_internal_error(f"converting call {call.call[1]} for the bundle {self.path}")
+            return None
+
+    def _final(self, final: Trace) -> Trace:
+        if not self.lost or not final.complete:
+            return final
+        reason = f"{self.lost} call(s) could not be written (internal error, logged)"
+        return final.model_copy(update={"complete": False, "incomplete_reason": reason})
 
     def _write(self, data: bytes) -> None:
         fd = self._fd
@@ -315,7 +337,21 @@ class _Wait:
 
 
 #: What a recording thread queues: a call's events and the lines after them, or a marker.
-_Item = tuple[Encoded, bytes] | _Wait
+class QueuedCall(NamedTuple):
+    """A call that ended, queued as it is: the writer thread converts it to its bundle events
+    (:func:`~stepfork_otel.trace.conversion.span_events`), so the recording thread pays for a
+    queue append, not for the conversion."""
+
+    record: SpanRecord
+    call: tuple[str, int, str | None]
+    """Its call id, call number and the call it is nested in."""
+
+    def size(self) -> int:
+        """About the bytes it will take (a trigger for the writer, not an account)."""
+        return 512 + sum(p.size for p in self.record.payloads.values())
+
+
+_Item = tuple[Encoded | QueuedCall, bytes] | _Wait
 
 
 class _Writer:
@@ -418,10 +454,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_WRITER.after_fork_in_child)
 
 
-def journal_path(bundle_path: Path) -> Path:
-    return bundle_path.with_name(bundle_path.name + JOURNAL_SUFFIX)
-
-
 def _alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
@@ -437,63 +469,19 @@ def _alive(pid: int) -> bool:
 _TMP_NAME = re.compile(r"^\..+\.(\d+)\.[^.]+" + re.escape(TMP_SUFFIX) + "$")
 
 
-def recover_directory(directory: Path) -> list[Path]:
-    """What dead processes left in ``directory``: each run journal becomes its bundle (marked
-    incomplete, unless the bundle was written whole before the journal could be removed) and is
-    deleted; half-written temporary files of atomic writes are deleted. Files of processes that
-    are still running are left alone (same host: the pid in the name or header tells). Returns
-    the bundles recovered. Never raises: a file it cannot handle is logged and left."""
-    recovered: list[Path] = []
+def recover_directory(directory: Path) -> None:
+    """What dead processes left in ``directory``: half-written temporary files of atomic writes
+    are deleted (a bundle written as its run went needs no recovery: it loads as it is). Files
+    of processes that are still running are left alone (the pid in the name tells). Never
+    raises: a file it cannot handle is left."""
     try:
         names = os.listdir(directory)
     except OSError:
-        return recovered
+        return
     for name in names:
         path = directory / name
-        if name.endswith(JOURNAL_SUFFIX) and not name.startswith("."):
-            with handle_internal_errors(f"recovering the run journal {path}"):
-                done = _recover_journal(path)
-                if done is not None:
-                    recovered.append(done)
-        elif name.startswith(".") and name.endswith(TMP_SUFFIX):
+        if name.startswith(".") and name.endswith(TMP_SUFFIX):
             match = _TMP_NAME.match(name)
             if match is not None and not _alive(int(match.group(1))):
                 with contextlib.suppress(OSError):
                     path.unlink()
-    return recovered
-
-
-def _recover_journal(path: Path) -> Path | None:
-    try:
-        with path.open("rb") as handle:
-            first = handle.readline(64 << 10)
-        head = orjson.loads(first)
-        pid = int(head["pid"])
-        bundle_name = str(head["bundle"])
-    except (OSError, ValueError, KeyError, TypeError):
-        logger.warning("stepfork_otel: %s is not a readable run journal; left as it is", path)
-        return None
-    if _alive(pid):
-        return None  # a run of a live process
-    bundle = path.with_name(bundle_name)
-    if bundle_name != os.path.basename(bundle_name) or journal_path(bundle) != path:
-        logger.warning("stepfork_otel: %s names another file; left as it is", path)
-        return None
-    with contextlib.suppress(BundleError):
-        if load_trace(bundle).complete:
-            path.unlink(missing_ok=True)  # killed between the final write and the removal
-            return None
-    try:
-        trace = load_trace(path)
-    except BundleError as exc:
-        logger.warning("stepfork_otel: run journal not recovered: %s", exc)
-        return None
-    save_trace(trace, bundle)
-    path.unlink(missing_ok=True)
-    logger.warning(
-        "stepfork_otel: recovered %s from the journal of a run cut short (%d calls; "
-        "complete: false)",
-        bundle,
-        len(trace.calls),
-    )
-    return bundle

@@ -31,7 +31,7 @@ timeouts and durations keep working.
 **Where the values go.** Reads since the previous boundary call are written, as one JSON
 attribute (:data:`~stepfork_otel.constants.CAPTURED`), on the span of the next boundary call when
 it starts; the reads after the last call go on the run span when it ends. So they travel with the
-spans -- journalled with the call, exported over OTLP, rebuilt by ``stepfork import`` -- and the
+spans -- written with the call, exported over OTLP, rebuilt by ``stepfork import`` -- and the
 one span -> event conversion puts them in the bundle (``Trace.captured``).
 """
 

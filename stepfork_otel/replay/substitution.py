@@ -26,7 +26,7 @@ from stepfork_otel.replay.errors import RecordedDependencyError, ReplayMismatchE
 from stepfork_otel.replay.matching import describe_call
 from stepfork_otel.replay.plan import RecordedCall
 from stepfork_otel.replay.values import rebuild
-from stepfork_otel.trace.canonical import UNSERIALISABLE_MARKER, restore_key_order, sha256_hex
+from stepfork_otel.trace.canonical import UNSERIALISABLE_MARKER, sha256_hex
 from stepfork_otel.trace.models import ErrorEvent, OutcomeEvent, Trace, payload_value
 from stepfork_otel.trace.payload import Payload
 
@@ -120,9 +120,6 @@ def substitute(
         value, why = _recorded_value(outcome.output, recorded)
         if why is not None:
             raise _missing(call, position, expected, why)
-        # as the call returned it: keys in its order, not the sorted form matching uses
-        if outcome.output_key_order:
-            value = restore_key_order(value, outcome.output_key_order)
     text = outcome.output or ""
     output = Payload(
         text,

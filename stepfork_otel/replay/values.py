@@ -5,8 +5,8 @@ the tool returned a pydantic model (or a dataclass, a ``datetime``, ``bytes``) w
 replayed run take other code paths than the recorded one. So a substituted value is validated
 into the tool's return annotation (or an ``llm_request``'s ``response_type``) with pydantic.
 
-The rebuilt value is kept only when it *round-trips*: its canonical JSON must equal the recorded
-text. That one check catches every way a rebuild can quietly differ from what was recorded --
+The rebuilt value is kept only when it *round-trips*: its JSON, encoded as outputs are recorded
+(its keys in their order), must equal the recorded text. That one check catches every way a rebuild can quietly differ from what was recorded --
 an ``int`` returned where the annotation says ``float``, a redacted field, ``bytes`` in a pydantic
 dataclass read back under another encoding -- and in each of those cases the agent gets the
 recorded JSON value instead, with a note on the replayed call. (Trying pydantic's lax validation
@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter
 
-from stepfork_otel.trace.canonical import canonical_json
+from stepfork_otel.trace.canonical import as_returned_bytes
 
 _lock = threading.Lock()
 _adapters: dict[Any, TypeAdapter[Any] | None] = {}
@@ -102,7 +102,7 @@ def rebuild(value: Any, text: str, output_type: Any) -> tuple[Any, str | None]:
     except Exception:
         return value, f"the recorded value does not validate as {name}; returned as JSON"
     try:
-        same = canonical_json(rebuilt) == text
+        same = as_returned_bytes(rebuilt).decode("utf-8") == text
     except Exception:  # e.g. UnserialisableError: the rebuilt value cannot be checked
         same = False
     if not same:

@@ -22,7 +22,7 @@ decodes them straight from the file), and verification is one SHA-256 each. A pa
 fingerprint is parsed once at load to make sure it is JSON; a fingerprinted one is checked by
 :func:`verify_integrity`. The end line tells a truncated bundle from a complete one.
 
-A run recorded with ``record(...)`` is written *as it goes* (format 3, :class:`BundleEncoder`):
+A run recorded with ``record(...)`` is written *as it goes* (:class:`BundleEncoder`):
 a header that says ``"complete": false, "trailer": true`` and holds what is known at the start,
 each call's events as the call ends (a nested call before the one it is nested in), then a
 trailer line ``{"run":{…},"complete":…,"context":[…],…}``, the run's output line and the end
@@ -44,7 +44,6 @@ import contextlib
 import functools
 import gc
 import hashlib
-import itertools
 import os
 import re
 import tempfile
@@ -67,7 +66,6 @@ from stepfork_otel.trace.checks import (
 )
 from stepfork_otel.trace.conversion import order_events
 from stepfork_otel.trace.errors import BundleError, BundleVersionError, Problem, quote
-from stepfork_otel.trace.journal import JOURNAL_MAGIC, read_journal
 from stepfork_otel.trace.limits import (
     DEFAULT_LIMITS,
     NotRegularFile,
@@ -133,8 +131,8 @@ _EVENT = b'{"type":"'
 _P_IN = b'{"input":'
 _P_OUT = b'{"output":'
 _END = b'{"end":'
-_RUN = b'{"run":'  # the trailer of a bundle written as its run went (format 3)
-_CAPTURED = b'{"captured":'  # captured reads, as they were made (format 3, written as it went)
+_RUN = b'{"run":'  # the trailer of a bundle written as its run went
+_CAPTURED = b'{"captured":'  # captured reads, as they were made (written as it went)
 _KIND_EVENT, _KIND_IN, _KIND_OUT = ord("t"), ord("i"), ord("o")
 # one byte per line (the line's third byte: t(ype), i(nput), o(utput)); a valid run of lines
 _GRAMMAR = re.compile(rb"(?:t[io]?)*")
@@ -235,9 +233,9 @@ class _Reader:
         self.in_run = True  # still reading the run's payload lines (after the header)
         self.events: list[Event] = []
         self.end: Any = None
-        self.trailer: dict[str, Any] | None = None  # (format 3)
+        self.trailer: dict[str, Any] | None = None  #
         self.as_it_went = False  # see may_end_early
-        self.captured_lines: list[Any] = []  # (format 3, written as it went: read without trailer)
+        self.captured_lines: list[Any] = []  # (written as it went: read without trailer)
         self.lineno = 1  # the number of the first line not yet consumed
         self.start: bytes | None = b""  # the file's first bytes, until sniff() has decided
         self.format_named = False  # a long first line was seen to name the format
@@ -439,11 +437,6 @@ class _Reader:
             self.read_end(end_line, self.lineno)
             self.lineno += 1
 
-    @property
-    def version(self) -> int:
-        version = self.head.get("format_version") if self.head else None
-        return version if isinstance(version, int) and not isinstance(version, bool) else 1
-
     def may_end_early(self) -> bool:
         """A bundle written as its run went says it is incomplete until its trailer (its header
         says ``complete: false``): it may end anywhere (the process was killed), and loads as
@@ -451,7 +444,7 @@ class _Reader:
         return self.as_it_went
 
     def take_captured(self, lines: list[bytes]) -> list[bytes]:
-        """The lines without the captured-reads lines among them (format 3, written as the run
+        """The lines without the captured-reads lines among them (written as the run
         went), which are kept for a file without a trailer. (Line numbers in later messages
         count them out.)"""
         kept: list[bytes] = []
@@ -473,7 +466,7 @@ class _Reader:
         return kept
 
     def read_tail(self, tail: list[bytes]) -> None:
-        """The trailer (format 3): what only the run's end knew, then the run's output line."""
+        """The trailer: what only the run's end knew, then the run's output line."""
         if self.trailer is None:
             line = tail[0]
             try:
@@ -518,16 +511,20 @@ class _Reader:
         version = head.get("format_version")
         if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
             raise _newer(self.path, version)
+        if version != FORMAT_VERSION:
+            raise BundleVersionError(
+                self.path,
+                f"format version {version!r} is not {FORMAT_VERSION}, the one format this "
+                "stepfork_otel reads (earlier versions were development formats): record it again",
+            )
         if "events" in head:
             raise self.error("events belong on their own lines, not in the header", 1)
         run = head.get("run")
         if isinstance(run, dict) and ("input" in run or "output" in run):
             raise self.error("the run's input/output belong on their own lines", 1)
         self.as_it_went = head.pop("trailer", None) is True
-        if self.as_it_went and not (
-            isinstance(version, int) and version >= 3 and head.get("complete") is False
-        ):
-            raise self.error('"trailer": true needs format 3 and "complete": false', 1)
+        if self.as_it_went and head.get("complete") is not False:
+            raise self.error('"trailer": true needs "complete": false', 1)
         self.head = head
         self.lines_hash.update(line)
 
@@ -771,7 +768,7 @@ def _torn(event: Event) -> bool:
 
 
 def _cut_short(events: list[Event], head: dict[str, Any]) -> list[Event]:
-    """The events of a bundle whose writing stopped mid-way (format 3, no end line), as far as
+    """The events of a bundle whose writing stopped mid-way (no end line), as far as
     they go on without a hole: the last event if the kill cut its payload line off, and every
     call from the first call number missing on (with their outcomes) are left out -- a call is
     written when it ends, so the missing one had not ended (or was still in the buffer), and
@@ -966,13 +963,7 @@ def load_trace(source: str | os.PathLike[str], *, limits: ReadLimits = DEFAULT_L
 
 
 def _read(path: Path, limits: ReadLimits) -> Trace:
-    """A bundle file, or the journal of a run whose process died
-    (:mod:`~stepfork_otel.trace.journal`), as a Trace."""
-    chunks = _file_chunks(path, limits)
-    first = next(chunks, b"")
-    if first.startswith(JOURNAL_MAGIC):
-        return read_journal(itertools.chain([first], chunks), path, limits=limits)
-    return _parse(itertools.chain([first], chunks), path, limits)
+    return _parse(_file_chunks(path, limits), path, limits)
 
 
 def dump_trace(trace: Trace, *, trailer: bool = False) -> bytes:
@@ -983,7 +974,7 @@ def dump_trace(trace: Trace, *, trailer: bool = False) -> bytes:
     outside the payloads is in those lines; the payload texts are covered by their own
     fingerprints, which are in those lines too.
 
-    ``trailer``: the layout of a bundle written as its run goes (format 3: what only the run's
+    ``trailer``: the layout of a bundle written as its run goes (what only the run's
     end knows in a trailer; see :class:`BundleEncoder`), events in the order given -- the bytes
     the processor writes for a run whose calls did not overlap."""
     if trailer:
@@ -1064,7 +1055,7 @@ _dump_event = EVENT_ADAPTER.dump_json
 NO_TRAILER_REASON = "the recording stopped before the run ended (the bundle has no trailer)"
 
 
-#: What a bundle's header holds (format 3): what is known when the run starts.
+#: What a bundle's header holds: what is known when the run starts.
 _HEAD_FIELDS: set[str] = {"format", "format_version", "trace_id", "created_by"}
 _RUN_START: set[str] = {
     "capture",
@@ -1089,9 +1080,12 @@ class Encoded(NamedTuple):
     calls: tuple[int, ...] = ()
     """The numbers of the calls whose call events these are."""
 
+    def size(self) -> int:
+        return len(self.data)
+
 
 class BundleEncoder:
-    """The bytes of a bundle written as its run goes (format 3; see ``docs/bundle-format.md``):
+    """The bytes of a bundle written as its run goes (see ``docs/bundle-format.md``):
     :meth:`head` first, then the events as calls end (any order, each outcome after its call),
     then :meth:`trailer` once the run has ended -- what only the end knows (the run's output and
     status, ``complete``, the spans kept as context, the event count and the lines fingerprint).
@@ -1175,7 +1169,7 @@ class BundleEncoder:
         return encoded.data
 
     def captured(self, reads: Iterable[Any]) -> bytes:
-        """A line of captured reads (format 3), written after the call they preceded so that a
+        """A line of captured reads, written after the call they preceded so that a
         run cut short keeps them; the trailer then holds all of them, and these lines are read
         only when there is no trailer. Not counted or fingerprinted: a file with a trailer
         ignores them."""

@@ -43,7 +43,6 @@ both paths give the same bytes for everything the fast path accepts.
 from __future__ import annotations
 
 import base64
-import collections
 import dataclasses
 import datetime
 import decimal
@@ -55,12 +54,11 @@ import math
 import pathlib
 import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 import pydantic
-from typing_extensions import TypedDict  # (pydantic reads typing's only from Python 3.12)
 
 from stepfork_otel.constants import FINGERPRINT_CHARS
 
@@ -260,125 +258,6 @@ def _encode(value: Any, option: int, default: Callable[[Any], Any] = _default) -
             raise UnserialisableError(f"nesting deeper than {MAX_DEPTH} levels") from None
         except (TypeError, orjson.JSONEncodeError) as inner:
             raise UnserialisableError(str(inner)) from None
-
-
-# --- key order -----------------------------------------------------------------------------------
-# Matching and fingerprints use the canonical (sorted-key) form; what a replay hands back is the
-# value as the call returned it, so an agent that ``json.dumps`` a tool result into its next
-# prompt builds the prompt it built when recording. The order is kept as a list of
-# (path, permutation) entries, one per object whose keys were not in sorted order: small, derived
-# once when the call's events are written, and applied in time proportional to the entries at
-# replay.
-
-
-@pydantic.with_config(pydantic.ConfigDict(extra="forbid"))
-class KeyOrder(TypedDict):
-    """One object of a recorded output whose keys came back in another order than sorted."""
-
-    path: list[str | int]
-    """Where the object is in the output: keys and list indexes from the top (empty: the top)."""
-    order: list[int]
-    """The positions of its keys in sorted order, listed in the order the call returned them."""
-
-
-#: Object shapes seen (their keys in returned order) -> their keys sorted, last first, and the
-#: permutation (None: already sorted). Outputs repeat shapes -- every result of a search, every
-#: response of an API -- and sorting the keys and ranking them is most of a walk's cost per
-#: object (2 KB outputs: 27 -> 15 µs). Bounded: shapes of at most ``_SHAPE_KEYS`` keys, and
-#: emptied at ``_SHAPES_MAX`` (a hostile stream of new shapes costs one clear per so many).
-_shapes: dict[tuple[str, ...], tuple[list[str], list[int] | None]] = {}
-_SHAPE_KEYS = 64
-_SHAPES_MAX = 4096
-
-
-def _shape(keys: tuple[str, ...]) -> tuple[list[str], list[int] | None]:
-    shape = _shapes.get(keys)
-    if shape is None:
-        ordered = sorted(keys)
-        permutation = None
-        if list(keys) != ordered:
-            position = {key: i for i, key in enumerate(ordered)}
-            permutation = [position[key] for key in keys]
-        shape = (ordered[::-1], permutation)
-        if len(keys) <= _SHAPE_KEYS:
-            if len(_shapes) >= _SHAPES_MAX:
-                _shapes.clear()
-            _shapes[keys] = shape
-    return shape
-
-
-def key_order(canonical: str | None, as_returned: str | None) -> list[KeyOrder] | None:
-    """Where ``as_returned`` (the same value as ``canonical``, keys in returned order) orders an
-    object's keys otherwise than sorted: one :class:`KeyOrder` per such object, shorter paths
-    first (breadth first; at one depth, later keys and indexes first). None when nothing
-    differs. Only ``as_returned`` is read (one decode): the recorder made both texts from one
-    value. Were they not the same value, an entry that does not fit is ignored when restoring,
-    and one that fits can only reorder keys, never change one."""
-    if canonical is None or as_returned is None or canonical == as_returned:
-        return None
-    try:
-        returned = orjson.loads(as_returned)
-    except orjson.JSONDecodeError:
-        return None
-    found: list[KeyOrder] = []
-    queue: collections.deque[tuple[Any, list[str | int]]] = collections.deque([(returned, [])])
-    take, put = queue.popleft, queue.append
-    while queue:
-        node, path = take()
-        if type(node) is dict:
-            last_first, permutation = _shape(tuple(node))
-            if permutation is not None:
-                found.append({"path": path, "order": permutation.copy()})
-            for key in last_first:
-                child = node[key]
-                if type(child) is dict or type(child) is list:
-                    put((child, [*path, key]))
-        elif type(node) is list:
-            for i in range(len(node) - 1, -1, -1):
-                child = node[i]
-                if type(child) is dict or type(child) is list:
-                    put((child, [*path, i]))
-    return found or None
-
-
-def restore_key_order(value: Any, order: Sequence[KeyOrder] | None) -> Any:
-    """``value`` (decoded from canonical text, so its objects' keys are sorted) with the keys of
-    the objects :func:`key_order` named put back in returned order, in one pass along the named
-    paths only. An entry that does not fit (a hand-edited bundle) is left out: that object keeps
-    the sorted order."""
-    if not order:
-        return value
-    trie: dict[Any, Any] = {}
-    for entry in order:
-        node = trie
-        for step in entry["path"]:  # a node's steps are all keys (an object) or all indexes
-            node = node.setdefault(step, {})
-        node[None] = entry["order"]
-    return _restore(value, trie)
-
-
-def _restore(value: Any, trie: dict[Any, Any]) -> Any:
-    permutation = None
-    if type(value) is dict:
-        for step, child in trie.items():
-            if step is None:
-                permutation = child
-            elif type(step) is str and step in value:
-                value[step] = _restore(value[step], child)
-        if permutation is None or len(permutation) != len(value):
-            return value
-        keys = list(value)
-        try:
-            if sorted(permutation) != list(range(len(keys))):
-                return value  # a hand-edited entry that does not fit: keep the sorted order
-        except TypeError:
-            return value
-        return {keys[i]: value[keys[i]] for i in permutation}
-    if type(value) is list:
-        for step, child in trie.items():
-            if type(step) is int and 0 <= step < len(value):
-                value[step] = _restore(value[step], child)
-    return value
 
 
 def canonical_json(value: Any) -> str:

@@ -23,7 +23,7 @@ can disagree with the nesting: a call always comes after the call it is nested i
 outcome comes after the call, after everything nested in it, and before any call that started once
 it had ended.
 
-A run written as it goes (format 3) is numbered by the processor as its calls' spans start, in the
+A run written as it goes is numbered by the processor as its calls' spans start, in the
 order it sees them start -- start order, as above, except for two threads that take their start
 times in one order and start their spans in the other (then the importer, which sorts by start
 time, numbers those two the other way round). Its calls are written as they end, with
@@ -44,7 +44,7 @@ import orjson
 
 from stepfork_otel import constants as k
 from stepfork_otel.trace import grouping
-from stepfork_otel.trace.canonical import key_order, sha256_hex
+from stepfork_otel.trace.canonical import sha256_hex
 from stepfork_otel.trace.models import (
     CapturedRead,
     ContextSpan,
@@ -155,15 +155,6 @@ def _usage(attrs: Mapping[str, Any]) -> dict[str, int] | None:
     return usage or None
 
 
-def _with_key_order(event: Event, canonical: str | None, as_returned: str | None) -> Event:
-    """``event`` with the key order of its output (see ``canonical.key_order``), set without
-    validating it again: the walk builds it from decoded JSON, so its types hold by
-    construction, and validating its entries cost more than building the rest of the event
-    (about 1 µs each, 16 in a 2 KB output)."""
-    order = key_order(canonical, as_returned)
-    return event if order is None else event.model_copy(update={"output_key_order": order})
-
-
 def _call_order(span: SpanRecord) -> tuple[int, int, str]:
     return (span.start_time_unix_nano, _int(span.attributes, k.CALL_SEQ), span.span_id)
 
@@ -215,7 +206,7 @@ def _outcome(span: SpanRecord, call_id: str, base: dict[str, Any], name: str) ->
             **payload,
             **common,
         )
-    return _with_key_order(result, out.text, out.as_returned)
+    return result
 
 
 def _call_event(
@@ -422,7 +413,7 @@ def timeline(
 
 def order_events(events: list[Event]) -> list[Event] | None:
     """The events of a bundle in the order the conversion gives them: calls by number, each
-    outcome placed by :func:`timeline`. For bundles written as their run went (format 3: a call
+    outcome placed by :func:`timeline`. For bundles written as their run went (a call
     and its outcome are written when the call ends, so a nested call comes before the call it is
     nested in). None: the events are not what that needs (an outcome without ``parent_id``, a
     duplicate id or number, an outcome of no call) -- the structure check says what is wrong."""

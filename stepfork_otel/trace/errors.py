@@ -44,7 +44,8 @@ class BundleError(ValueError):
 
 
 class BundleVersionError(BundleError):
-    """The bundle was written by a newer stepfork_otel (a newer format version)."""
+    """The bundle is of another format version than the one this stepfork_otel reads (a newer
+    one, or a development format of the unreleased package)."""
 
 
 @dataclass(frozen=True)

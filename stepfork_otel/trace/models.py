@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from stepfork_otel.constants import FORMAT_NAME, FORMAT_VERSION, CapturedKind, ReplayAction
-from stepfork_otel.trace.canonical import KeyOrder, canonical_json
+from stepfork_otel.trace.canonical import canonical_json
 from stepfork_otel.trace.canonical import loads as canonical_loads
 from stepfork_otel.trace.policy import ReplayPolicy
 
@@ -68,13 +68,11 @@ class _CallEvent(_Event):
 
 class _OutcomeEvent(_Event):
     output: str | None = None
-    """Redacted canonical JSON of the output, exactly the text that ``output_sha256`` hashes."""
+    """Redacted JSON of the output as the call returned it (its objects' keys in the order they
+    came back, not sorted), exactly the text that ``output_sha256`` hashes: what replay hands
+    back, decoded once. Inputs are canonical because matching is; outputs are never matched."""
     output_size: int | None = None
     output_missing: MissingReason | None = None
-    output_key_order: list[KeyOrder] | None = None
-    """The objects of the output whose keys the call returned in another order than the sorted
-    one (see ``canonical.key_order``). Replay hands the output back in that order; matching and
-    fingerprints use the sorted form. Absent: sorted order (so in every format-1 bundle)."""
     duration_ns: int = 0
 
 
@@ -232,7 +230,7 @@ class Trace(_Model):
     dropped_spans: int = 0
     """Spans of this trace the processor had to drop (per-trace cap)."""
     captured: list[CapturedRead] = []
-    """Clock, randomness, uuid and environment reads of the run, in order (format 3)."""
+    """Clock, randomness, uuid and environment reads of the run, in order."""
 
     # -- bundle IO: thin delegates (see :class:`TraceIO`) ----------------------------------------
 

@@ -1,6 +1,6 @@
 """A value crossing a boundary, as it is recorded -- and how it travels on a span.
 
-:func:`capture` turns a value into a :class:`Payload`: redacted canonical JSON and its SHA-256.
+:func:`capture` turns a value into a :class:`Payload`: redacted JSON and its SHA-256.
 It is the hot path of recording (twice per call: input and output), so it does the least work
 that keeps the guarantees: one orjson encode, one cheap redaction pre-check on the text, one hash.
 The redactor is always passed in: what a payload is redacted with is the caller's decision (the
@@ -12,13 +12,11 @@ fingerprint, size and why the text was left off), :func:`read_payload` reads the
 a payload handed over in-process instead when there is one, and refusing a text that an attribute
 length limit cut (its size or fingerprint no longer agree).
 
-A payload travels on the span once. Its text is OpenInference's ``input.value``/``output.value``
-(what Phoenix and Langfuse show), and ``stepfork.input``/``stepfork.output`` is written beside
-it only when the canonical text differs from that value: an output whose objects' keys were not
-returned in sorted order, where the canonical text (what the fingerprint is of) and the returned
-one (what replay hands back) are two texts. Measured on the OTLP wire (docs/otel-setups.md): the
-example agents' export is 16.7 % smaller, an LLM span late in a conversation 27 %.
-Spans written before, with both attributes, read as they always did.
+A payload travels on the span once, as OpenInference's ``input.value``/``output.value`` (what
+Phoenix and Langfuse show) beside its ``stepfork.*.sha256`` and size: an input in canonical form
+(what matching compares), an output as the call returned it (what replay hands back, and what
+its fingerprint is of). Nothing stepfork needs beyond that rides on the span: the whole payload
+reaches the local bundle through the in-process hand-off.
 """
 
 from __future__ import annotations
@@ -52,9 +50,6 @@ class Payload(NamedTuple):
     """Size of ``text`` in UTF-8 bytes."""
     unserialisable: bool = False
     """True when the value had no canonical JSON form and ``text`` is the marker object."""
-    as_returned: str | None = None
-    """The same redacted value with its objects' keys in the order the call returned them,
-    when that differs from ``text`` (outputs only: what replay hands back)."""
 
     @classmethod
     def from_text(cls, text: str) -> Payload:
@@ -69,39 +64,29 @@ def capture(
     *,
     keep_order: bool = False,
 ) -> Payload:
-    """Redacted canonical JSON of ``value`` and its fingerprint.
+    """Redacted JSON of ``value`` and its fingerprint: canonical (keys sorted) for what is
+    matched -- inputs --, or with ``keep_order`` (outputs) the value as the call returned it,
+    its objects' keys in the order they came back: what replay hands back, stored once, so that
+    recording needs no second encoding and replay one decode (``docs/bundle-format.md``).
 
     ``recorded`` (during replay): the text and stored fingerprint of the recorded input the
     session expects next. The value is redacted as always; when the result is that very text,
     its fingerprint -- verified against it when the session started -- is taken instead of
-    hashing the text again.
-
-    ``keep_order`` (outputs): also keep the value as returned, keys unsorted
-    (:attr:`Payload.as_returned`), when that differs. It costs one more orjson encode; a value
-    whose redaction changes something is also walked in returned order with the rules the one
-    pre-check selected (the slow path such a value takes anyway)."""
+    hashing the text again."""
     unserialisable = False
     default = redactor.json_default  # bytes are redacted as bytes, before they become base64
     try:
-        raw = canonical_bytes(value, default)
+        raw = (as_returned_bytes if keep_order else canonical_bytes)(value, default)
     except UnserialisableError as exc:
         raw = canonical_bytes(unserialisable_marker(value, str(exc)))
         unserialisable = True
     text = raw.decode("utf-8")
-    as_returned = None
-    if keep_order and not unserialisable:
-        plain = as_returned_bytes(value, default).decode("utf-8")
-        if plain == text:  # its keys were in sorted order already
-            redacted = redactor.redact_canonical(text)
-        else:  # one pre-check for both forms; the returned one keeps its key order
-            redacted, as_returned = redactor.redact_canonical_and_returned(text, plain)
-    else:
-        redacted = redactor.redact_canonical(text)
+    redacted = redactor.redact_canonical(text, keep_order=keep_order)
     if redacted is not text:
         raw = redacted.encode("utf-8")
     if recorded is not None and not unserialisable and redacted == recorded[0]:
         return Payload(recorded[0], recorded[1], len(raw))
-    return Payload(redacted, hashlib.sha256(raw).hexdigest(), len(raw), unserialisable, as_returned)
+    return Payload(redacted, hashlib.sha256(raw).hexdigest(), len(raw), unserialisable)
 
 
 def exception_message(exc: BaseException, redactor: Redactor) -> str:
@@ -132,9 +117,7 @@ def payload_attributes(
     fingerprint and size, or -- over ``max_bytes`` or with content capture off -- fingerprint,
     size and why the text was left off (plus a preview under the cap). One dict, so a span takes
     them in one call (or at start, for inputs)."""
-    text, sha, size, omitted, preview, value, mime = (
-        k.INPUT_KEYS if key == k.INPUT else k.OUTPUT_KEYS
-    )
+    _, sha, size, omitted, preview, value, mime = k.INPUT_KEYS if key == k.INPUT else k.OUTPUT_KEYS
     if not capture_content:
         return {sha: payload.sha256, size: payload.size, omitted: k.OMITTED_CAPTURE_DISABLED}
     if payload.size > max_bytes:
@@ -144,11 +127,7 @@ def payload_attributes(
             omitted: k.OMITTED_SIZE_CAP,
             preview: payload.text[: k.PREVIEW_CHARS],
         }
-    shown = payload.as_returned or payload.text  # what OpenInference shows: as returned
-    attributes = {sha: payload.sha256, size: payload.size, value: shown, mime: k.MIME_JSON}
-    if shown != payload.text:  # the canonical text travels too only when it is another text
-        attributes[text] = payload.text
-    return attributes
+    return {sha: payload.sha256, size: payload.size, value: payload.text, mime: k.MIME_JSON}
 
 
 class SpanPayload(NamedTuple):
@@ -159,8 +138,6 @@ class SpanPayload(NamedTuple):
     sha256: str | None
     size: int | None
     missing: MissingReason | None
-    as_returned: str | None = None
-    """The value with its keys in returned order, when the span or the hand-off has it."""
 
 
 def _is_sha256(value: str) -> bool:
@@ -179,18 +156,15 @@ def read_payload(
     )
     whole = handed.get(key)
     if whole is not None:
-        return SpanPayload(whole.text, whole.sha256, whole.size, None, whole.as_returned)
+        return SpanPayload(whole.text, whole.sha256, whole.size, None)
     raw_sha = attributes.get(sha_key)
     sha = raw_sha if isinstance(raw_sha, str) and _is_sha256(raw_sha) else None
     # A fingerprint attribute that is not 64 hex digits was itself cut by a length limit.
     sha_cut = isinstance(raw_sha, str) and sha is None
     size = attributes.get(size_key)
     size = size if isinstance(size, int) and not isinstance(size, bool) else None
-    text = attributes.get(key)
-    text = text if isinstance(text, str) else None
-    shown = attributes.get(value_key)
-    if text is None and (sha is not None or sha_cut) and isinstance(shown, str):
-        text = shown  # written once, as the OpenInference value: the fingerprint says if it is
+    shown = attributes.get(value_key)  # (on a stepfork span, the payload: it travels once)
+    text = shown if isinstance(shown, str) else None
     if text is not None:
         data = text.encode("utf-8", "surrogatepass")
         if (
@@ -200,8 +174,7 @@ def read_payload(
         ):
             # An attribute length limit cut the payload: never keep it as if it were whole.
             return SpanPayload(None, sha, size, "truncated")
-        as_returned = shown if isinstance(shown, str) and shown != text else None
-        return SpanPayload(text, sha, size, None, as_returned)
+        return SpanPayload(text, sha, size, None)
     if sha is None and not sha_cut:
         return SpanPayload(None, None, None, None)  # nothing was recorded (e.g. no run output)
     omitted = attributes.get(omitted_key)

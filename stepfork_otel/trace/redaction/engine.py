@@ -447,41 +447,18 @@ class Redactor:
         """Cheap pre-check on canonical JSON text: False means :meth:`redact` would change nothing."""
         return self._plan(canonical) is not None
 
-    def redact_canonical(self, canonical: str) -> str:
-        """Redact a canonical JSON text; returns the same text when nothing needed redaction."""
+    def redact_canonical(self, canonical: str, *, keep_order: bool = False) -> str:
+        """Redact a compact JSON text (canonical, or -- ``keep_order``, an output as returned --
+        with its objects' keys in the order the value held them); returns the same text when
+        nothing needed redaction. The key order of the text is kept either way: the splice
+        edits strings in place, and a text that needs the walk is encoded again in its own
+        order (sorted for canonical text)."""
         plan = self._plan(canonical)
-        return canonical if plan is None else self._redact_planned(canonical, plan, {})
+        return canonical if plan is None else self._redact_planned(canonical, plan, {}, keep_order)
 
-    def redact_canonical_and_returned(self, canonical: str, returned: str) -> tuple[str, str]:
-        """:meth:`redact_canonical` of ``canonical``, and ``returned`` -- the same value with its
-        keys in the order a call returned them -- redacted with the same rules, keys kept in
-        that order. One pre-check for both; each text comes back as given (the same object)
-        when nothing needed redaction.
-
-        The returned form is spliced with the canonical form's plan: both hold the same strings
-        and the same key/value pairs, so the rules that match inside a string, and the key
-        detectors that find a key to redact, are the same in both (only matches spanning two
-        neighbouring strings differ, and those redact nothing). Strings are redacted once for
-        both forms (a shared memo)."""
-        plan = self._plan(canonical)
-        if plan is None:
-            return canonical, returned
-        memo: dict[str, str] = {}
-        redacted = self._redact_planned(canonical, plan, memo)
-        if redacted is canonical:
-            return canonical, returned
-        own = plan._replace(raw=returned.encode("utf-8", "surrogatepass"), scan=None)
-        spliced = _splice(returned, own, memo)
-        if spliced is not None:
-            return redacted, spliced
-        value = self._walk(canonical_loads(returned), plan)[0]
-        if canonical_json(value) != redacted:
-            # secrets used as keys that redact to one marker are numbered in walk order, which
-            # differs between the two orders: keep the canonical form (sorted keys) instead
-            return redacted, redacted
-        return redacted, as_returned_bytes(value).decode("utf-8")
-
-    def _redact_planned(self, canonical: str, plan: _Plan, memo: dict[str, str]) -> str:
+    def _redact_planned(
+        self, canonical: str, plan: _Plan, memo: dict[str, str], keep_order: bool = False
+    ) -> str:
         if plan.raw_needles is not None:
             spliced = _splice(canonical, plan, memo)
             if spliced is not None:
@@ -489,7 +466,11 @@ class Redactor:
         # orjson reads an integer beyond 64 bits as a float (1e+20): the stdlib parser keeps it
         value = canonical_loads(canonical)
         redacted, changed = self._walk(value, plan)
-        return canonical_json(redacted) if changed else canonical
+        if not changed:
+            return canonical
+        return (
+            as_returned_bytes(redacted).decode("utf-8") if keep_order else canonical_json(redacted)
+        )
 
     def _plan(self, canonical: str | bytes) -> _Plan | None:
         """None when no rule can match the canonical text (given as text or as its UTF-8
