@@ -381,7 +381,11 @@ class Redactor:
         )
         new_keys = tuple(_normalise_key(key) for key in keys if _normalise_key(key))
         if new_keys:  # the same keys inside text: `ssn=...`, `{'ssn': '...'}` in a message
-            words = "|".join(re.escape(key) for key in sorted(set(new_keys)))
+            # written as built-in key words are (rules._word): a key is compared normalised, so
+            # `ticket_ref`, `ticket-ref`, `TicketRef` and `ticket ref` in text are the one key
+            words = "|".join(
+                r"[_.\- ]?".join(re.escape(c) for c in key) for key in sorted(set(new_keys))
+            )
             extra += (_assignment("sensitive_key", "user", "user keys in text", words),)
         for pattern in (*extra, *(SecretPattern("allow", a) for a in allow)):
             _compile(pattern.source)  # refuse what RE2 does not accept, here
