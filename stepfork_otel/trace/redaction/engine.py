@@ -415,12 +415,19 @@ class Redactor:
     def redact_bytes(self, data: bytes) -> bytes:
         """``data`` with its secrets redacted, as bytes: read as UTF-8 text when it is text, else
         byte for byte (Latin-1, so every byte is one character and the rest stays as it was)."""
-        try:
-            text, encoding = data.decode("utf-8"), "utf-8"
-        except UnicodeDecodeError:
-            text, encoding = data.decode("latin-1"), "latin-1"
-        redacted = self._redact_text(text)
-        return data if redacted is text else redacted.encode(encoding, "surrogatepass")
+        # Until nothing changes: a secret holding the only byte that is not UTF-8 is replaced by
+        # an ASCII marker, and what is left is then read as UTF-8, where a rule may find what it
+        # could not find in Latin-1 (`paſsword=`); redacted bytes must redact to themselves.
+        for _ in range(_MAX_PASSES):
+            try:
+                text, encoding = data.decode("utf-8"), "utf-8"
+            except UnicodeDecodeError:
+                text, encoding = data.decode("latin-1"), "latin-1"
+            redacted = self._redact_text(text)
+            if redacted is text:
+                return data
+            data = redacted.encode(encoding, "surrogatepass")
+        return UNSTABLE_MARKER.encode("ascii")
 
     def redact(self, value: Any) -> Any:
         """A redacted copy of a JSON-shaped value (dicts, lists, strings, numbers)."""
@@ -430,9 +437,17 @@ class Redactor:
     def redact_message(self, message: str) -> str:
         """An exception message made safe to record: redacted and bounded in length."""
         text = self.redact_text(message)
-        if len(text) > MAX_MESSAGE_CHARS:
-            text = text[:MAX_MESSAGE_CHARS] + "…[truncated]"
-        return text
+        # Cut, then redact the cut text again until it no longer changes: a cut may leave a part
+        # of a marker where a rule finds a value (`Authorization: Bearer [REDAC`), and a message
+        # recorded once is redacted again in replay: it must redact to itself.
+        for _ in range(_MAX_PASSES):
+            if len(text) <= MAX_MESSAGE_CHARS:
+                return text
+            cut = text[:MAX_MESSAGE_CHARS] + "…[truncated]"
+            text = self.redact_text(cut)
+            if text == cut:
+                return cut
+        return UNSTABLE_MARKER
 
     def may_change_texts(self, texts: Iterable[str]) -> bool:
         """One RE2 scan over ``texts``: False means :meth:`redact_text` leaves every one of them
