@@ -371,6 +371,58 @@ def _embedded() -> list[Secret]:
             0,
         ),
         ("query_string_api_key", "https://maps.example.com/geo?api_key={0}", (_r(_ALNUM, 32),), 0),
+        # percent-encoded: a header or an assignment logged inside a URL or a form body
+        (
+            "percent_encoded_bearer",
+            "GET /oauth/callback?Authorization%3A%20Bearer%20{0}&next=%2Fhome",
+            (_r(_URLSAFE, 40),),
+            0,
+        ),
+        (
+            "percent_encoded_password",
+            "https://app.example.com/login?user=bob&password%3D{0}&remember=1",
+            (_r(_ALNUM, 16),),
+            0,
+        ),
+        (
+            "percent_encoded_json_header",
+            "q=%7B%22Authorization%22%3A%22Bearer%20{0}%22%7D",
+            (_r(_ALNUM, 32),),
+            0,
+        ),
+        ("percent_encoded_token_form", "grant=refresh&refresh_token%3D{0}", (_r(_URLSAFE, 40),), 0),
+        # a Twilio auth token in prose, next to its account SID (either order)
+        (
+            "twilio_auth_token_prose",
+            "account AC{0} auth token {1}",
+            (_r(_HEX, 32), _r(_HEX, 32)),
+            1,
+        ),
+        (
+            "twilio_auth_token_prose_reversed",
+            "use auth token {0} with account SID AC{1}",
+            (_r(_HEX, 32), _r(_HEX, 32)),
+            0,
+        ),
+        # framework secret keys whose value holds % ^ @ (the part after the first one is checked)
+        (
+            "django_secret_key",
+            "SECRET_KEY={0}%{1}",
+            (_r(_ALNUM, 12), _r(_ALNUM + "^@!#$*-_=+%", 30)),
+            1,
+        ),
+        (
+            "django_secret_key_quoted",
+            "SECRET_KEY = 'django-insecure-{0}^{1}'",
+            (_r(_LOWER, 10), _r(_LOWER + "@%^!#$*-_=+()&", 30)),
+            1,
+        ),
+        (
+            "flask_secret_key",
+            'app.secret_key = "{0}@{1}"',
+            (_r(_ALNUM, 8), _r(_ALNUM + "%^@", 24)),
+            1,
+        ),
         (
             "curl_header",
             'curl -H "X-Auth-Token: {0}" https://api.example.com',
@@ -467,4 +519,12 @@ FALSE_POSITIVES: tuple[str, ...] = (
     "Versions: numpy==2.1.0, pydantic>=2.7,<3",
     "The secret to good coffee is fresh beans.",
     "Authentication-Results: spf=pass smtp.mailfrom=example.com",
+    # percent-encoded text, Twilio ids, framework settings without a secret
+    "https://www.example.com/search?q=how%20to%20reset%20my%20password%3F&page=2",
+    "redirect_uri=https%3A%2F%2Fapp.example.com%2Fcallback&state=booking&scope=openid%20email",
+    "Authorization%3A%20%3Credacted%3E",
+    f"account AC{_sha(1)[:32]} sent message SM{_sha(2)[:32]}",
+    f"the auth service logged request {_sha(3)[:32]}",
+    "SECRET_KEY=${SECRET_KEY}",
+    "SECRET_KEY = os.environ['SECRET_KEY']",
 )

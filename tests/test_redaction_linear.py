@@ -11,13 +11,14 @@ quadratic engine does (hundreds of times slower at this size). The benchmark
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections.abc import Callable
 
 import pytest
 
-from stepfork_otel.trace.canonical import canonical_json
+from stepfork_otel.trace.canonical import as_returned_bytes, canonical_json
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
 
 SIZE = 200_000
@@ -172,3 +173,98 @@ def test_adversarial_inputs_cost_grows_linearly(name: str) -> None:
     t_small = _best(lambda: redactor.redact_text(small))
     t_big = _best(lambda: redactor.redact_text(big))
     assert t_big <= 7 * t_small + 0.005, f"{name}: {t_big * 1e3:.1f} ms vs {t_small * 1e3:.1f} ms"
+
+
+# --- dense secrets: every path that redacts, not only redact_text (issue 24) ---------------------
+
+
+def _dense_secrets(size: int, seed: int) -> str:
+    """Text made of short secrets and nothing else: ``token=...``, ``Bearer ...``, JWT-shaped
+    pieces, an AWS key id, repeated in a seeded random order (generated, never real)."""
+    rng = random.Random(seed)
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+    def part(n: int) -> str:
+        return "".join(rng.choices(alphabet, k=n))
+
+    shapes = (
+        lambda: f"token={part(20)} ",
+        lambda: f"Bearer {part(30)} ",
+        lambda: f"eyJ{part(10)}.eyJ{part(12)}.{part(20)} ",
+        lambda: f"AKIA{part(16).upper()} ",
+        lambda: f'"password": "{part(14)}", ',
+    )
+    out: list[str] = []
+    total = 0
+    while total < size:
+        out.append(rng.choice(shapes)())
+        total += len(out[-1])
+    return "".join(out)[:size]
+
+
+@functools.cache
+def _dense_texts(size: int) -> tuple[list[str], str]:
+    """Eight texts of ``size`` and one of eight times ``size``."""
+    return [_dense_secrets(size, seed) for seed in range(8)], _dense_secrets(8 * size, 99)
+
+
+#: The paths that redact one string per payload at 40 KB / 320 KB (the issue's sizes); those that
+#: redact thousands of strings or keys one by one cost more per byte (a call per string), and are
+#: measured at 10 KB / 80 KB: the same growth check, in a tenth of the time.
+_SMALL_SIZE = {"redact_canonical (a list of strings)": 10_000, "redact (walk)": 10_000}
+_SMALL_SIZE["secrets used as keys"] = 10_000
+
+
+def _dense_paths() -> dict[str, Callable[[str], object]]:
+    r = DEFAULT_REDACTOR
+
+    def returned(text: str) -> object:
+        value = {"tool_output": text, "a": 1}
+        return r.redact_canonical_and_returned(
+            canonical_json(value), as_returned_bytes(value).decode("utf-8")
+        )
+
+    return {
+        "redact_canonical (one string)": lambda t: r.redact_canonical(
+            canonical_json({"tool_output": t, "n": 1})
+        ),
+        "redact_canonical (a list of strings)": lambda t: r.redact_canonical(
+            canonical_json({"lines": t.split(" ")})
+        ),
+        "redact_canonical (escapes)": lambda t: r.redact_canonical(
+            canonical_json({"out": t.replace(" ", "\n"), "k": t[:50]})
+        ),
+        "redact_canonical_and_returned": returned,
+        "redact_text": r.redact_text,
+        "redact_bytes": lambda t: r.redact_bytes(t.encode()),
+        "redact (walk)": lambda t: r.redact({"tool_output": t, "parts": t.split(" ")}),
+        "secrets used as keys": lambda t: r.redact_canonical(
+            canonical_json(dict.fromkeys(t.split(" "), 1))
+        ),
+    }
+
+
+@pytest.mark.parametrize("path", list(_dense_paths()))
+def test_dense_secrets_cost_per_byte_is_flat_on_every_path(path: str) -> None:
+    """Cost per byte at 320 KB within 1.5x of the cost per byte at 40 KB, on text dense in
+    secrets (a splice counting the quotes before each match from the start took 463 ms at 168 KB
+    and 1,389 ms at 335 KB: 3x the cost per byte for 2x the size).
+
+    The small size is measured on eight different texts of 40 KB, so that both sides redact
+    320 KB of text never seen before by RE2's DFA cache (one 40 KB text redacted again and again
+    would find its states cached, and look cheaper per byte than any real payload); each side is
+    the best of three, in CPU time."""
+    redact = _dense_paths()[path]
+    small, big = _dense_texts(_SMALL_SIZE.get(path, 40_000))
+    for text in (*small, big):  # warm up: imports, lru caches, compiled probes
+        redact(text)
+
+    def each_small() -> None:
+        for text in small:
+            redact(text)
+
+    t_small = _best(each_small, runs=3)
+    t_big = _best(lambda: redact(big), runs=3)
+    assert t_big <= 1.5 * t_small + 0.005, (
+        f"{path}: {t_big * 1e3:.1f} ms for {len(big):,} B vs {t_small * 1e3:.1f} ms for 8 x {len(small[0]):,} B"
+    )

@@ -250,3 +250,53 @@ def test_user_patterns_may_anchor_a_whole_string() -> None:
     assert redactor.redact_canonical(text) == (
         '{"a":"[REDACTED:ssn]","b":"x 078-05-1120","c":["[REDACTED:ssn]"]}'
     )
+
+
+# --- user key rules inside text (issue 28) ----------------------------------------------------------
+
+_TICKET = "TCK-" + "".join(chr(ord("a") + (n * 7) % 26) for n in range(12))  # generated
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"lookup failed: ticket_ref={_TICKET}",
+        f"ticket_ref: {_TICKET}",
+        f"{{'ticket_ref': '{_TICKET}'}}",
+        f'{{"ticket_ref": "{_TICKET}"}}',
+        f"TicketRef={_TICKET} rejected",
+        f"ticket-ref = {_TICKET}",
+        f"MY_TICKET_REF={_TICKET}",
+    ],
+)
+def test_a_user_key_is_redacted_in_text_as_built_in_keys_are(text: str) -> None:
+    # the key is compared normalised (as dict keys are): every spelling of it in text is the key
+    redactor = Redactor().with_rules(keys=["ticket_ref"])
+    assert redactor.redact({"ticket_ref": _TICKET}) == {"ticket_ref": "[REDACTED]"}
+    for redacted in (redactor.redact_text(text), redactor.redact_message(text)):
+        assert _TICKET not in redacted
+        assert "[REDACTED:sensitive_key]" in redacted
+    assert DEFAULT_REDACTOR.redact_text(text) == text  # not a key without the rule
+
+
+def test_a_user_key_from_a_rules_file_reaches_exception_messages_and_stepfork_redact(
+    recording: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stepfork_otel import Trace, configure, record, trace_tool
+
+    path = _rules_file(tmp_path, {"keys": ["ticket_ref"]})
+    configure(redactor=load_redaction_rules(path))
+
+    @trace_tool
+    def open_ticket(ticket_ref: str) -> None:  # the argument: a dict key of the recorded input
+        raise LookupError(f"no such ticket: ticket_ref={ticket_ref}")
+
+    bundle = tmp_path / "run.sftrace"
+    with record(bundle), pytest.raises(LookupError):
+        open_ticket(_TICKET)
+    assert _TICKET not in bundle.read_text("utf-8")
+    (error,) = [e for e in Trace.load(bundle).events if e.type == "error"]
+    assert "ticket_ref=[REDACTED:sensitive_key]" in str(error.model_dump())
+
+    assert cli.main(["redact", "--rules", str(path), f"ticket_ref={_TICKET}"]) == 1
+    assert capsys.readouterr().out.strip() == "ticket_ref=[REDACTED:sensitive_key]"

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import codecs
 import functools
+import itertools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -380,7 +381,11 @@ class Redactor:
         )
         new_keys = tuple(_normalise_key(key) for key in keys if _normalise_key(key))
         if new_keys:  # the same keys inside text: `ssn=...`, `{'ssn': '...'}` in a message
-            words = "|".join(re.escape(key) for key in sorted(set(new_keys)))
+            # written as built-in key words are (rules._word): a key is compared normalised, so
+            # `ticket_ref`, `ticket-ref`, `TicketRef` and `ticket ref` in text are the one key
+            words = "|".join(
+                r"[_.\- ]?".join(re.escape(c) for c in key) for key in sorted(set(new_keys))
+            )
             extra += (_assignment("sensitive_key", "user", "user keys in text", words),)
         for pattern in (*extra, *(SecretPattern("allow", a) for a in allow)):
             _compile(pattern.source)  # refuse what RE2 does not accept, here
@@ -410,12 +415,19 @@ class Redactor:
     def redact_bytes(self, data: bytes) -> bytes:
         """``data`` with its secrets redacted, as bytes: read as UTF-8 text when it is text, else
         byte for byte (Latin-1, so every byte is one character and the rest stays as it was)."""
-        try:
-            text, encoding = data.decode("utf-8"), "utf-8"
-        except UnicodeDecodeError:
-            text, encoding = data.decode("latin-1"), "latin-1"
-        redacted = self._redact_text(text)
-        return data if redacted is text else redacted.encode(encoding, "surrogatepass")
+        # Until nothing changes: a secret holding the only byte that is not UTF-8 is replaced by
+        # an ASCII marker, and what is left is then read as UTF-8, where a rule may find what it
+        # could not find in Latin-1 (`paſsword=`); redacted bytes must redact to themselves.
+        for _ in range(_MAX_PASSES):
+            try:
+                text, encoding = data.decode("utf-8"), "utf-8"
+            except UnicodeDecodeError:
+                text, encoding = data.decode("latin-1"), "latin-1"
+            redacted = self._redact_text(text)
+            if redacted is text:
+                return data
+            data = redacted.encode(encoding, "surrogatepass")
+        return UNSTABLE_MARKER.encode("ascii")
 
     def redact(self, value: Any) -> Any:
         """A redacted copy of a JSON-shaped value (dicts, lists, strings, numbers)."""
@@ -425,9 +437,17 @@ class Redactor:
     def redact_message(self, message: str) -> str:
         """An exception message made safe to record: redacted and bounded in length."""
         text = self.redact_text(message)
-        if len(text) > MAX_MESSAGE_CHARS:
-            text = text[:MAX_MESSAGE_CHARS] + "…[truncated]"
-        return text
+        # Cut, then redact the cut text again until it no longer changes: a cut may leave a part
+        # of a marker where a rule finds a value (`Authorization: Bearer [REDAC`), and a message
+        # recorded once is redacted again in replay: it must redact to itself.
+        for _ in range(_MAX_PASSES):
+            if len(text) <= MAX_MESSAGE_CHARS:
+                return text
+            cut = text[:MAX_MESSAGE_CHARS] + "…[truncated]"
+            text = self.redact_text(cut)
+            if text == cut:
+                return cut
+        return UNSTABLE_MARKER
 
     def may_change_texts(self, texts: Iterable[str]) -> bool:
         """One RE2 scan over ``texts``: False means :meth:`redact_text` leaves every one of them
@@ -534,6 +554,7 @@ class Redactor:
             if isinstance(value, dict):
                 changed = False
                 out: dict[Any, Any] = {}
+                numbered: dict[str, int] = {}  # a name taken -> the next number to try
                 for k, v in value.items():
                     if sensitive is not None and isinstance(k, str) and sensitive(k):
                         item: Any = KEY_MARKER
@@ -558,7 +579,7 @@ class Redactor:
                             changed = True
                             k = name
                         if k in out:  # taken by a redacted key: number it, never overwrite
-                            k = _free_name(k, out)
+                            k = _free_name(k, out, numbered)
                     out[k] = item
                 return out, changed
             if isinstance(value, (list, tuple)):
@@ -649,26 +670,70 @@ _KEY_MARKER_BYTES = KEY_MARKER.encode("ascii")
 _GENERIC_MARKER_BYTES = GENERIC_MARKER.encode("ascii")
 
 
-def _string_at(raw: bytes, quotes_at: bytes, closing: int) -> tuple[int, str] | None:
-    """The string whose closing quote is at ``closing`` in the scan form: its index among the
-    text's strings and its decoded value; None when that quote is not a delimiter."""
-    if quotes_at[closing : closing + 1] != b'"':
-        return None
-    index = quotes_at.count(b'"', 0, closing)
-    if index % 2 == 0:
-        return None
-    if quotes_at is raw:  # no escapes: offsets in the scan form are offsets in the text
-        return index, raw[raw.rfind(b'"', 0, closing) + 1 : closing].decode("utf-8")
-    masked = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__") if b"\\" in raw else raw
-    parts = masked.split(b'"', index + 1)
-    begin = sum(map(len, parts[:index])) + index  # each delimiter before it is one byte
-    text = raw[begin : begin + len(parts[index])]
-    value: str = orjson.loads(b'"' + text + b'"') if b"\\" in text else text.decode("utf-8")
-    return index, value
+class _Strings:
+    """The strings of a canonical JSON text, located from offsets of its scan form -- each
+    look-up in time proportional to how far it is from the previous one, so that a splice costs
+    time linear in the text however many matches it has (counting the quotes before every match
+    from the start made a text dense in secrets quadratic: issue 24).
+
+    ``quotes_at`` is the scan form with the decoded quotes masked (:func:`_quote_map`): its quotes
+    are exactly the strings' delimiters, in the order of the text's."""
+
+    __slots__ = ("_at", "_before", "_starts", "quotes_at", "raw")
+
+    def __init__(self, raw: bytes, quotes_at: bytes) -> None:
+        self.raw = raw
+        self.quotes_at = quotes_at
+        self._at = 0  # an offset of the scan form, and the delimiters before it
+        self._before = 0
+        self._starts: list[int] | None = None  # where each piece between delimiters begins
+
+    def delimiters_before(self, offset: int) -> int:
+        """How many delimiters lie before ``offset`` in the scan form (an odd count: the offset
+        is inside a string, whose index it is)."""
+        at = self._at
+        if offset >= at:
+            self._before += self.quotes_at.count(b'"', at, offset)
+        else:
+            self._before -= self.quotes_at.count(b'"', offset, at)
+        self._at = offset
+        return self._before
+
+    def at_closing(self, closing: int) -> tuple[int, str] | None:
+        """The string whose closing quote is at ``closing`` in the scan form: its index among
+        the text's strings and its decoded value; None when that quote is not a delimiter."""
+        if self.quotes_at[closing : closing + 1] != b'"':
+            return None
+        index = self.delimiters_before(closing)
+        if index % 2 == 0:
+            return None
+        return index, self.value(index, closing)
+
+    def bounds(self, index: int, near: int) -> tuple[int, int]:
+        """``(begin, end)`` in the text of the string ``index``, given ``near``: an offset of the
+        scan form inside it or at its closing quote."""
+        raw = self.raw
+        if self.quotes_at is raw:  # no escapes: offsets in the scan form are offsets in the text
+            return raw.rfind(b'"', 0, near) + 1, raw.find(b'"', near)
+        starts = self._starts
+        if starts is None:
+            # the text cut at its delimiters once (its escaped quotes and backslashes masked),
+            # the lengths added up in C: never a loop over every string of the payload
+            masked = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+            lengths = [len(part) + 1 for part in masked.split(b'"')]
+            starts = self._starts = [0, *itertools.accumulate(lengths)]
+        begin = starts[index]
+        return begin, starts[index + 1] - 1
+
+    def value(self, index: int, near: int) -> str:
+        begin, end = self.bounds(index, near)
+        text = self.raw[begin:end]
+        value: str = orjson.loads(b'"' + text + b'"') if b"\\" in text else text.decode("utf-8")
+        return value
 
 
 def _keyed_values(
-    raw: bytes, scan: bytes, quotes_at: bytes, owner: Redactor
+    scan: bytes, strings: _Strings, owner: Redactor
 ) -> dict[int, tuple[bytes, int]] | None:
     """The values the key rules replace whole, by string index: a sensitive key's string value
     (``[REDACTED]``), a random-looking string under a generic key (``[REDACTED:generic_secret]``),
@@ -676,6 +741,7 @@ def _keyed_values(
     splice cannot do it (a sensitive key whose value is not a string, a pair list, a detector
     match spanning strings): the caller walks."""
     out: dict[int, tuple[bytes, int]] = {}
+    quotes_at = strings.quotes_at
     sensitive, segment, generic = owner._key_regexes
     for regex in (sensitive, segment):
         pos, end = 0, len(scan)
@@ -689,7 +755,7 @@ def _keyed_values(
                 continue  # a quote inside a string: no key ends there
             if b'"' in quotes_at[start:closing]:
                 return None  # spans strings: let the walk decide
-            key = _string_at(raw, quotes_at, closing)
+            key = strings.at_closing(closing)
             if key is None:
                 continue
             index, name = key
@@ -709,11 +775,13 @@ def _keyed_values(
         if start < 0:
             break
         pos = stop
-        value = _string_at(raw, quotes_at, stop - 1)
-        opening = quotes_at.rfind(b'"', 0, stop - 1)
-        if value is None or scan[opening - 1 : opening] != b":":
+        value = strings.at_closing(stop - 1)
+        if value is None:
+            continue  # the value's quote is inside a string (and looking back could be far)
+        opening = quotes_at.rfind(b'"', 0, stop - 1)  # no quote in the value: a short look
+        if scan[opening - 1 : opening] != b":":
             continue  # not `"<key>":"<value>"` with real delimiters
-        key = _string_at(raw, quotes_at, opening - 2)
+        key = strings.at_closing(opening - 2)
         if key is None or key[0] != value[0] - 2:
             continue
         if len(out) > _MAX_SPLICE_HITS:
@@ -752,6 +820,7 @@ def _splice(canonical: str, plan: _Plan, memo: dict[str, str] | None = None) -> 
     raw = plan.raw
     scan = scan_form(raw) if plan.scan is None else plan.scan
     quotes_at = _quote_map(raw, scan)
+    strings = _Strings(raw, quotes_at)
     hits: dict[int, int] = {}  # string index -> an offset of the scan form inside it
     crossings = 0
     for pattern in plan.patterns:
@@ -770,14 +839,14 @@ def _splice(canonical: str, plan: _Plan, memo: dict[str, str] | None = None) -> 
                 crossings += 1
                 if crossings > _MAX_SPLICE_HITS:
                     return None
-                quotes = quotes_at.count(b'"', 0, first)
+                quotes = strings.delimiters_before(first)
                 if quotes % 2:
                     closing = quotes_at.find(b'"', first)
                     if regex.Match(_UNANCHORED, scan, start, closing)[0][0] >= 0:
                         hits[quotes] = first
                 pos = _next_char(scan, start)
                 continue
-            quotes = quotes_at.count(b'"', 0, first)
+            quotes = strings.delimiters_before(first)
             if quotes % 2 == 0:  # outside every string (cannot be: a rule matches text)
                 return None
             hits[quotes] = first
@@ -786,7 +855,7 @@ def _splice(canonical: str, plan: _Plan, memo: dict[str, str] | None = None) -> 
             pos = stop if stop > start else _next_char(scan, stop)
     keyed: dict[int, tuple[bytes, int]] = {}  # string index -> (its whole replacement, offset)
     if plan.keys:
-        found = _keyed_values(raw, scan, quotes_at, plan.owner)
+        found = _keyed_values(scan, strings, plan.owner)
         if found is None:
             return None
         keyed = found
@@ -797,7 +866,8 @@ def _splice(canonical: str, plan: _Plan, memo: dict[str, str] | None = None) -> 
     pieces: list[bytes] = []
     done = 0
     redact_text = plan.redact_text
-    for index, (begin, stop) in _string_bounds(raw, quotes_at, wanted):
+    for index in sorted(wanted):
+        begin, stop = strings.bounds(index, wanted[index])
         text = raw[begin:stop]
         replacement = keyed[index][0] if index in keyed else None
         if replacement is not None:
@@ -821,39 +891,17 @@ def _splice(canonical: str, plan: _Plan, memo: dict[str, str] | None = None) -> 
     return b"".join(pieces).decode("utf-8")
 
 
-def _string_bounds(
-    raw: bytes, quotes_at: bytes, wanted: dict[int, int]
-) -> list[tuple[int, tuple[int, int]]]:
-    """``(index, (begin, end))`` in ``raw`` of the strings ``wanted`` names (string index ->
-    an offset of the scan form inside the string or at its closing quote), in text order.
-
-    Without escapes the scan form is the text: the quotes around the offset bound the string.
-    Otherwise the text, its escaped quotes and backslashes masked, is cut at its quotes up to the
-    last string wanted, and the lengths before each one added up (in C; never a loop over every
-    string of the payload)."""
-    indexes = sorted(wanted)
-    if quotes_at is raw:
-        return [
-            (i, (raw.rfind(b'"', 0, wanted[i]) + 1, raw.find(b'"', wanted[i]))) for i in indexes
-        ]
-    masked = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__")
-    parts = masked.split(b'"', indexes[-1] + 1)
-    out: list[tuple[int, tuple[int, int]]] = []
-    before, counted = 0, 0  # the length of parts[:counted]
-    for index in indexes:
-        before += sum(map(len, parts[counted:index]))
-        counted = index
-        begin = before + index  # each delimiter before it is one byte
-        out.append((index, (begin, begin + len(parts[index]))))
-    return out
-
-
-def _free_name(name: str, taken: dict[Any, Any]) -> str:
+def _free_name(name: str, taken: dict[Any, Any], numbered: dict[str, int]) -> str:
+    """The first ``name#<n>`` (n >= 2) not in ``taken``. ``numbered`` keeps, per name, the number
+    after the last one given: names are only ever added to ``taken``, so every number below it
+    stays taken, and many keys redacted to one marker cost one look each (not one per earlier
+    key: a dict of thousands of secrets used as keys was quadratic)."""
     if name not in taken:
         return name
-    n = 2
+    n = numbered.get(name, 2)
     while f"{name}#{n}" in taken:
         n += 1
+    numbered[name] = n + 1
     return f"{name}#{n}"
 
 

@@ -225,6 +225,7 @@ _TEXT_KEY_WORDS = (
     "passwd",
     "pass|phrase",
     "secret",
+    "secret|key",
     "token",
     "api|key",
     "access|key",
@@ -265,6 +266,12 @@ _VALUE = (
     r"(?:\\*[\"'`](?P<secret>[^\"'`\\\r\n]+)"
     r"|(?P<secret_bare>\[REDACTED\]|[^\s\"'`\\;&,<>(){}\[\]]{3,}))"
 )
+# Percent-encoded (a query string, a form body, a URL logged whole): the separator `=` / `:` as
+# %3D / %3A (a quote as %22 / %27 before it), encoded spaces after it; the value runs to the next
+# parameter, and a header's scheme word (Bearer%20...) is kept as in a header line.
+_PCT_SEP = r"(?:%2[27])?%3[AaDd](?:%20|\+)*"
+_PCT_SCHEME = r"(?:[A-Za-z][A-Za-z0-9_-]{1,30}(?:%20|\+)+)?"
+_PCT_VALUE = r"(?P<secret>[^\s&\"'`\\#;,<>]{3,})"
 # A header's value: quoted, whole; in a header line, all of it but the scheme word.
 _HEADER_VALUE = (
     r"(?:\\*[\"'`](?P<secret>[^\"'`\\\r\n]+)"
@@ -284,6 +291,9 @@ PLACEHOLDER_VALUES = (
     r"(?i:null|none|nil|true|false|undefined|empty|hidden|secret|password|changeme)",
     r"\*+|x{3,}|X{3,}|\.{3,}|-+|_+|<[^>]*>?|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|\{\{[^}]*\}?\}?",
     r"%[sd]|%\([a-z_]+\)s|\$[0-9]+",
+    # a placeholder percent-encoded (%3Cyour token%3E), a value read from the environment in code
+    r"%3[Cc][A-Za-z0-9_.-]*(?:%3[Ee])?",
+    r"os\.environ(?:\.get)?|os\.getenv|process\.env(?:\.[A-Za-z_][A-Za-z0-9_]*)?|ENV\.fetch",
 )
 
 
@@ -315,7 +325,8 @@ DEFAULT_PATTERNS: tuple[SecretPattern, ...] = (
         "bearer_token",
         "generic",
         "Bearer credentials anywhere in text (not a plain word: 'bearer bonds')",
-        rf"{_B}(?i:bearer)[ \t]+(?P<secret>[A-Za-z0-9._~+/-]{{8,}}=*)",
+        r"(?:^|[^0-9A-Za-z]|%20)(?i:bearer)(?:[ \t]+|(?:%20)+)"
+        r"(?P<secret>[A-Za-z0-9._~+/-]{8,}(?:=|%3[Dd])*)",
         allow=(r"[A-Z]?[a-z]+",),
     ),
     _p(
@@ -345,6 +356,16 @@ DEFAULT_PATTERNS: tuple[SecretPattern, ...] = (
         "Signatures and session tokens in presigned URLs (AWS, GCS, Azure SAS)",
         r"(?i:[?&](?:x-amz-signature|x-amz-security-token|x-goog-signature|x-goog-credential|"
         r"sig|signature))=(?P<secret>[^&\s\"'`#\\]{16,})",
+    ),
+    _p(
+        "percent_encoded_secret",
+        "generic",
+        "Authorization, Cookie and <key>=value percent-encoded (Authorization%3A%20Bearer%20..., "
+        "password%3D... in a query string)",
+        rf"(?:(?i:(?:proxy[_-])?authori[sz]ation|(?:set[_-])?cookies?){_PCT_SEP}{_PCT_SCHEME}"
+        rf"|(?i:{'|'.join(_word(w) for w in _TEXT_KEY_WORDS)}|(?:^|[^A-Za-z0-9])"
+        rf"(?:{_SEGMENT_WORDS})){_PCT_SEP}){_PCT_VALUE}",
+        allow=PLACEHOLDER_VALUES,
     ),
     _assignment(
         "assigned_secret",
@@ -689,6 +710,15 @@ DEFAULT_PATTERNS: tuple[SecretPattern, ...] = (
         "Twilio API key SIDs (SK + 32 hex)",
         r"SK[0-9a-fA-F]{32}",
         end=True,
+    ),
+    _p(
+        "twilio_auth_token",
+        "messaging",
+        "Twilio auth tokens written next to their account SID (AC + 32 hex ... auth token 32 hex)",
+        r"(?:^|[^0-9A-Za-z])AC[0-9a-fA-F]{32}[^\r\n]{0,60}?(?i:auth)[^\r\n]{0,30}?"
+        r"(?:^|[^0-9A-Za-z])(?P<secret>[0-9a-fA-F]{32})(?:[^0-9A-Za-z]|$)"
+        r"|(?i:auth)[_. -]?(?i:token)[^\r\n]{0,30}?(?:^|[^0-9A-Za-z])"
+        r"(?P<secret_b>[0-9a-fA-F]{32})[^0-9A-Za-z][^\r\n]{0,60}?AC[0-9a-fA-F]{32}",
     ),
     _token(
         "sendgrid_api_key",
