@@ -44,6 +44,7 @@ TIMEOUT = 5.0
 LOOPBACK = "127.0.0.1"
 PATH = "/v1/chat"
 _ORIGINAL_CONNECT = socket.socket.connect
+_ORIGINAL_CREATE_CONNECTION = socket.create_connection
 
 # -- servers -----------------------------------------------------------------------------------
 
@@ -353,7 +354,7 @@ async def _awaited(result: Awaitable[None]) -> None:
 
 LEVELS = [
     Level("socket.connect", raw_connect, False, "socket.socket.connect"),
-    Level("socket.connect_ex", raw_connect_ex, False, "socket.socket.connect_ex"),
+    Level("socket.connect_ex", raw_connect_ex, False, "socket.socket.connect"),  # one C event
     Level("socket.create_connection", create_connection, False, "socket.create_connection"),
     Level("asyncio.open_connection", asyncio_open_connection, False, "socket.socket.connect"),
     Level("loop.sock_connect", asyncio_sock_connect, False, "socket.socket.connect"),
@@ -531,6 +532,7 @@ def test_the_refusal_keeps_no_query_and_is_structured(http_server: HTTPServer) -
         "path": PATH,
         "address": None,
         "via": "urllib3.util.connection.create_connection",
+        "lookup": False,
     }
     assert error.to_dict()["type"] == "NetworkRefusedError"
     assert error.position is None
@@ -635,7 +637,7 @@ def test_a_context_without_the_guard_sees_no_change(http_server: HTTPServer) -> 
     elsewhere = contextvars.copy_context()
     token = elsewhere.run(guard.activate)
     try:
-        assert socket.socket.connect is not _ORIGINAL_CONNECT  # installed ...
+        assert socket.create_connection is not _ORIGINAL_CREATE_CONNECTION  # installed ...
         http_client(http_server)  # ... but this context holds no guard
         urllib_urlopen(http_server)
         with pytest.raises(NetworkRefusedError):
@@ -721,7 +723,7 @@ def test_only_the_suppress_instrumentation_key_exempts(tcp_listener: TCPListener
 
 
 @pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="no Unix sockets here")
-def test_unix_sockets_and_datagrams_are_allowed(tcp_listener: TCPListener) -> None:
+def test_unix_sockets_are_allowed(tcp_listener: TCPListener) -> None:
     directory = tempfile.mkdtemp(prefix="sfng")  # short: a socket path has ~100 bytes at most
     path = os.path.join(directory, "s")
     served = threading.Event()
@@ -745,8 +747,6 @@ def test_unix_sockets_and_datagrams_are_allowed(tcp_listener: TCPListener) -> No
                 client.settimeout(TIMEOUT)
                 client.connect(path)
                 assert client.recv(2) == b"ok"
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-                udp.connect((LOOPBACK, tcp_listener.port))  # sends nothing
             with pytest.raises(NetworkRefusedError):
                 raw_connect(tcp_listener)
         thread.join(TIMEOUT)
@@ -756,6 +756,29 @@ def test_unix_sockets_and_datagrams_are_allowed(tcp_listener: TCPListener) -> No
     assert len(g.refusals) == 1
     raw_connect(tcp_listener)
     assert tcp_listener.connections == 1
+
+
+def test_datagrams_are_refused_connected_or_addressed() -> None:
+    """A UDP ``sendto``/``sendmsg`` sends to its address, and a UDP ``connect`` names the peer
+    every later ``send`` goes to (with no audit event of its own): all three are refused."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver:
+        receiver.bind((LOOPBACK, 0))
+        receiver.settimeout(TIMEOUT)
+        address = receiver.getsockname()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            with guarded() as g:
+                with pytest.raises(NetworkRefusedError) as sent:
+                    udp.sendto(b"sendto", address)
+                with pytest.raises(NetworkRefusedError):
+                    udp.sendmsg([b"sendmsg"], [], 0, address)
+                with pytest.raises(NetworkRefusedError) as connected:
+                    udp.connect(address)
+            udp.sendto(b"after", address)
+            assert receiver.recv(64) == b"after"  # the first datagram to arrive
+        assert (sent.value.host, sent.value.port) == address
+        assert sent.value.via == "socket.socket.sendto"
+        assert connected.value.via == "socket.socket.connect"
+        assert len(g.refusals) == 3
 
 
 @pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="no Unix sockets here")
@@ -858,7 +881,7 @@ def test_nested_guards_restore_correctly(
     first, second = NetworkGuard(), NetworkGuard()
     first_token, second_token = first.activate(), second.activate()
     first.deactivate(first_token)
-    assert socket.socket.connect is not _ORIGINAL_CONNECT
+    assert socket.create_connection is not _ORIGINAL_CREATE_CONNECTION
     with pytest.raises(NetworkRefusedError):
         http_client(http_server)  # the second guard still governs this context
     second.deactivate(second_token)

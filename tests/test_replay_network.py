@@ -163,3 +163,85 @@ def test_bad_allow_network_entries_are_refused_before_reading(tmp_path: Path) ->
     assert result.returncode == 2
     assert result.stderr.startswith("stepfork: error: --allow-network: ")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# -- frozen means the whole process (issue 26) ----------------------------------------------------
+
+
+def _from_a_plain_thread(call: Any) -> BaseException | None:
+    """Run ``call`` in a thread started without the session's context (a library's own exporter
+    thread); what it raised, or None."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(10)
+    assert outcome, "the thread did not finish"
+    return outcome[0]
+
+
+@pytest.mark.parametrize("mode", ["frozen", "forbidden", "manual"])
+def test_a_sealed_replay_refuses_every_thread_of_the_process(
+    bundle: Path, server: tuple[str, list[str]], mode: str
+) -> None:
+    base, hits = server
+    with ReplaySession.from_trace(bundle, mode=mode, approve=lambda call: True) as replay:
+        stray = _from_a_plain_thread(lambda: post(f"{base}/v1/traces/ingest"))
+        with pytest.raises(ReplayMismatchError, match="NetworkRefusedError"):
+            replay.verify_complete()
+    assert isinstance(stray, NetworkRefusedError)
+    assert stray.path == "/v1/traces/ingest"
+    assert hits == []
+    assert _from_a_plain_thread(lambda: post(f"{base}/after")) is None  # open again after it
+    assert hits == ["/after"]
+
+
+def test_a_sealed_replay_lets_other_threads_reach_what_it_allows(
+    bundle: Path, server: tuple[str, list[str]]
+) -> None:
+    base, hits = server
+    with ReplaySession.from_trace(bundle, allow_network=[base.removeprefix("http://")]):
+        assert _from_a_plain_thread(lambda: post(f"{base}/v1/traces/ingest")) is None
+    assert hits == ["/v1/traces/ingest"]
+
+
+def test_a_replay_that_runs_bodies_live_guards_its_own_context_only(
+    bundle: Path, server: tuple[str, list[str]]
+) -> None:
+    """``hybrid`` and ``live`` run bodies for real, whose clients may use threads of their own:
+    their guard stays the context's, as before."""
+    base, hits = server
+    with ReplaySession.from_trace(bundle, mode="hybrid", live_llms={"local/llama"}):
+        assert _from_a_plain_thread(lambda: post(f"{base}/v1/traces/ingest")) is None
+    assert hits == ["/v1/traces/ingest"]
+
+
+def test_the_users_batch_exporter_keeps_working_in_a_frozen_replay(
+    bundle: Path, server: tuple[str, list[str]]
+) -> None:
+    """The OpenTelemetry SDK exports with its suppress-instrumentation key set, in its own
+    thread: the guard lets it through, whatever the thread."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    base, hits = server
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{base}/v1/traces")))
+    try:
+        with ReplaySession.from_trace(bundle):
+            with provider.get_tracer("user").start_as_current_span("exported by the SDK"):
+                pass
+            assert provider.force_flush(10_000)
+            stray = _from_a_plain_thread(lambda: post(f"{base}/v1/traces/ingest"))
+    finally:
+        provider.shutdown()
+    assert isinstance(stray, NetworkRefusedError)
+    assert hits == ["/v1/traces"]

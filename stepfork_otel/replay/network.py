@@ -31,38 +31,51 @@ is called with each refusal just before it is raised, so the session can record 
 ``verify_complete()`` fails even when the agent swallows the error; it must not raise (if it
 does, the failure is logged as an internal error and the refusal is raised all the same).
 
-Which context is guarded. The guard lives in a context variable, like the session: the context
-that activated it, asyncio tasks created from it, and threads started with a copy of it
-(``contextvars.copy_context().run``, ``asyncio.to_thread``) are guarded. A thread started
+Which context is guarded. A guard made with ``whole_process=True`` (the session's, in the modes
+that run nothing live: ``frozen``, ``forbidden``, ``manual``) governs every context of the
+process: a framework's own exporter thread (the OpenAI Agents SDK posts its traces from one) is
+refused like the agent. Otherwise the guard lives in a context variable, like the session: the
+context that activated it, asyncio tasks created from it, and threads started with a copy of it
+(``contextvars.copy_context().run``, ``asyncio.to_thread``) are guarded; a thread started
 *without* the context (``threading.Thread``, ``ThreadPoolExecutor.submit``,
-``loop.run_in_executor``) is not: its connections go out as usual. That is deliberate -- it is how
-the OpenTelemetry SDK's ``BatchSpanProcessor`` exports, and a process may run other work beside a
-replay -- and it is not a hole for boundary calls, which the session itself refuses from such
-threads (``ReplaySessionError``). Where threads inherit the context by default
+``loop.run_in_executor``) is not -- in ``hybrid`` and ``live`` mode the bodies run for real, and
+their clients may use threads of their own; boundary calls from such threads are refused by the
+session itself (``ReplaySessionError``). Where threads inherit the context by default
 (``-X thread_inherit_context=1``, the default on free-threaded Python 3.14) they are guarded.
-Also exempt: a context where OpenTelemetry's suppress-instrumentation key is set, which is how the
-SDK's ``SimpleSpanProcessor`` runs an export in the caller's thread (the user's own telemetry
-keeps working during replay). The HTTP-only suppression key is not an exemption: HTTP client
-instrumentations set it around the very requests this guard exists to refuse.
+Several active guards all decide: traffic passes only where every guard that governs the context
+allows it, and each refusing guard records the refusal. ``enter_live`` opens a context for its
+own guard only. Exempt everywhere: a context where OpenTelemetry's suppress-instrumentation key
+is set, which is how the SDK's span processors (``BatchSpanProcessor`` in its thread,
+``SimpleSpanProcessor`` in the caller's), metric readers and log processors export: the user's
+own telemetry keeps working during replay. The HTTP-only suppression key is not an exemption:
+HTTP client instrumentations set it around the very requests this guard exists to refuse.
 
-What is refused: connections of ``AF_INET`` / ``AF_INET6`` stream sockets (TCP), and HTTP
-requests whose connection would be one. ``AF_UNIX`` is local IPC (a Docker socket, a
-``uds=`` transport) and is allowed; so are datagram sockets (``connect()`` on a UDP socket sends
-nothing, and ``sendto()`` is no connection).
+What is refused: traffic of ``AF_INET`` / ``AF_INET6`` sockets (TCP, UDP, raw), HTTP requests
+whose connection would be one, and name lookups (DNS) that need a query. ``AF_UNIX`` is local
+IPC (a Docker socket, a ``uds=`` transport) and is allowed. A lookup passes when it needs no
+query (an address, no host, ``localhost`` and the other loopback names, a reverse lookup of a
+loopback address) or looks up a name an entry names (whatever its port). An address entry allows
+no name lookup: finding out whether the name resolves to it would be the query refused (the
+guard's own resolution, for a name given to a "resolve, then connect" helper when an address
+entry could match, is the one lookup it makes).
 
-The patch points, each installed only while some guard is active, and the HTTP ones only for a
+The floor is the interpreter's audit events (``sys.addaudithook``): ``socket.connect`` (raised in
+C by ``connect`` and ``connect_ex``), ``socket.sendto`` and ``socket.sendmsg`` with an address
+(TCP Fast Open, datagrams), ``socket.getaddrinfo``, ``socket.gethostbyname`` (also
+``gethostbyname_ex``) and ``socket.gethostbyaddr``. They fire whatever reference the caller holds
+-- a ``socket.socket.connect`` saved before the session, ``_socket.socket`` -- and an exception
+from the hook aborts the call before the system call. Names host and port only (the method and
+path when a level above has named the request). A hook cannot be removed: it is added once, at
+the first activation, and switched on and off with the guards.
+
+Above the floor, patches installed only while some guard is active, the HTTP ones only for a
 library already imported when a guard activates (an optional library is never imported here):
 
-* ``socket.socket.connect`` / ``connect_ex`` -- the floor: every connection made through a
-  Python socket object (``http.client``, ``urllib3``, ``httpcore``, asyncio's selector loops --
-  ``loop.create_connection``, ``sock_connect``, ``open_connection`` end in ``sock.connect`` in the
-  task's context -- ``ssl`` sockets, websockets, database drivers written in Python). Names
-  host and port only; ``connect_ex`` raises too (an error code would pass for a network failure).
 * ``socket.create_connection`` and ``urllib3.util.connection.create_connection`` -- the two
   "resolve, then connect" helpers (``http.client`` and ``httpcore`` use the first, ``urllib3`` and
   so ``requests`` the second): refused by the name the caller gave, before the name is resolved
-  and before a socket exists. Allowed, their own connects are to that endpoint and are not
-  checked again.
+  and before a socket exists. Allowed, their own lookups and connects are to that endpoint and
+  are not checked again.
 * ``http.client.HTTPConnection.putrequest`` -- the first step of every request of ``http.client``,
   ``urllib.request`` and ``urllib3`` (which subclasses it); nothing is sent before
   ``endheaders()``. Names method and path; refuses a request on a connection that is already open
@@ -78,20 +91,19 @@ library already imported when a guard activates (an optional library is never im
   connection would need no connect). A transport configured with ``uds=`` is allowed (local IPC).
   ``MockTransport`` / ASGI / WSGI transports never reach the network and are not patched.
 
-Not covered (each connection of these still is, through ``socket.socket.connect``, except where
-said): a connection opened before the session and then written to directly, without one of the
-HTTP entry points above (raw ``sock.send``); HTTP clients not listed (``aiohttp``, ``pycurl``) are
-refused at the socket level, with address and port but no path; name resolution may precede the
-refusal where a library resolves names itself (asyncio, anyio, aiohttp: a DNS query, never a byte
-to the host); C extensions that open their own sockets (gRPC's C core -- which is also why the
-OTLP/gRPC exporter keeps working --, libcurl, database client libraries written in C), sockets
-created from ``_socket.socket`` directly, event loops that do not call ``sock.connect``
-(uvloop, the Windows proactor loop); child processes. Through a proxy, the proxy is the endpoint
-checked; allowing it allows whatever is sent through it.
+Not covered: traffic that does not go through the socket module -- C extensions that open their
+own sockets (gRPC's C core, which is also why the OTLP/gRPC exporter keeps working; libcurl;
+database client libraries written in C) and their own resolvers (c-ares) --, ``getnameinfo``
+(its audit event does not say whether the lookup is numeric), ``send``/``sendall`` on a
+connection opened before the session without one of the HTTP entry points above, event loops
+that do not use the socket module (uvloop), child processes. If another audit hook refuses to let
+this one be added, activation raises ``RuntimeError`` rather than guard nothing. Through a proxy,
+the proxy is the endpoint checked; allowing it allows whatever is sent through it.
 
-Cost: none until a guard activates. While the patches are installed, a connect or request in a
-context without an active guard costs one context-variable read; the checks run only in a
-guarded context.
+Cost: nothing until the first activation. Then, with no guard active, the hook reads one global
+per audit event (a loopback connect measures the same with and without it:
+``benchmarks/bench_network_guard.py``); while a guard is active, a socket event or patched call
+in a context no guard governs costs a context-variable read and a tuple check.
 """
 
 from __future__ import annotations
@@ -136,7 +148,8 @@ class NetworkRefusedError(ReplayPolicyError):
     name); ``method``, ``url`` and ``path`` describe the HTTP request when the refusing level knows
     it (query strings are never kept, and the path is redacted like any recorded text);
     ``address`` is the address given to ``connect`` when it differs from ``host``; ``via`` is the
-    patch point that refused."""
+    patch point or audit event that refused; ``lookup`` is True for a refused name lookup (DNS),
+    which happens before any connection."""
 
     def __init__(
         self,
@@ -148,6 +161,7 @@ class NetworkRefusedError(ReplayPolicyError):
         url: str | None = None,
         path: str | None = None,
         address: str | None = None,
+        lookup: bool = False,
     ) -> None:
         self.host = host
         self.port = port
@@ -156,8 +170,14 @@ class NetworkRefusedError(ReplayPolicyError):
         self.path = path
         self.address = address
         self.via = via
+        self.lookup = lookup
         entry = self.allow_entry
-        what = f"{method} {url}" if method and url else f"a connection to {entry}"
+        if lookup:
+            what = f"a name lookup (DNS) of {host}"
+        elif method and url:
+            what = f"{method} {url}"
+        else:
+            what = f"a connection to {entry}"
         where = [f"host {host}", f"port {port if port is not None else 'unknown'}"]
         if path is not None:
             where.append(f"path {path}")
@@ -191,6 +211,7 @@ class NetworkRefusedError(ReplayPolicyError):
             "path": self.path,
             "address": self.address,
             "via": self.via,
+            "lookup": self.lookup,
         }
         return out
 
@@ -362,8 +383,47 @@ def _request(method: object, scheme: str, host: object, port: object, target: ob
 
 # -- the guard ----------------------------------------------------------------------------------
 
-_GUARD: ContextVar[NetworkGuard | None] = ContextVar("stepfork_network_guard", default=None)
+
+class _Opened:
+    """The value of :data:`_GUARD` in a context opened to the network: for the guard ``by`` only
+    (an executed body), or for every guard (``by`` None: an endpoint every guard already allowed,
+    the guard's own name resolution)."""
+
+    __slots__ = ("by",)
+
+    def __init__(self, by: NetworkGuard | None) -> None:
+        self.by = by
+
+
+_OPEN_TO_ALL = _Opened(None)
+_GUARD: ContextVar[NetworkGuard | _Opened | None] = ContextVar(
+    "stepfork_network_guard", default=None
+)
 _REQUEST: ContextVar[_Request | None] = ContextVar("stepfork_network_request", default=None)
+_WHOLE_PROCESS: tuple[NetworkGuard, ...] = ()
+"""The active guards that govern every context of the process (replaced, never mutated)."""
+
+
+def _governing() -> tuple[NetworkGuard, ...]:
+    """The active guards that decide for the current context (empty: nothing is refused here)."""
+    here = _GUARD.get()
+    wide = _WHOLE_PROCESS
+    if here is None:
+        guards = wide
+    elif isinstance(here, _Opened):
+        if here.by is None or not wide:
+            return ()
+        guards = tuple(guard for guard in wide if guard is not here.by)
+    elif here in wide:
+        guards = wide
+    else:
+        guards = (*wide, here)
+    if not guards:
+        return ()
+    guards = tuple(guard for guard in guards if guard._activations > 0)
+    if guards and otel_context.get_value(_SUPPRESS_KEY):
+        return ()  # an export of the OpenTelemetry SDK: the user's own telemetry
+    return guards
 
 
 class GuardToken:
@@ -371,7 +431,7 @@ class GuardToken:
 
     __slots__ = ("_token", "guard", "used")
 
-    def __init__(self, guard: NetworkGuard, token: Token[NetworkGuard | None]) -> None:
+    def __init__(self, guard: NetworkGuard, token: Token[NetworkGuard | _Opened | None]) -> None:
         self.guard = guard
         self._token = token
         self.used = False
@@ -382,12 +442,13 @@ class LiveToken:
 
     __slots__ = ("_token",)
 
-    def __init__(self, token: Token[NetworkGuard | None] | None) -> None:
+    def __init__(self, token: Token[NetworkGuard | _Opened | None] | None) -> None:
         self._token = token
 
 
 class NetworkGuard:
-    """Refuses outbound network connections made in the context of an active replay session.
+    """Refuses outbound network traffic made in the context of an active replay session -- or,
+    with ``whole_process=True``, in every context of the process.
 
     See the module docstring for what is refused, where, and what is not covered."""
 
@@ -395,13 +456,17 @@ class NetworkGuard:
         self,
         allow: Iterable[str] = (),
         on_refusal: Callable[[ReplayPolicyError], None] | None = None,
+        *,
+        whole_process: bool = False,
     ) -> None:
         if isinstance(allow, str):
             raise TypeError(
                 "allow_network takes a collection of 'host[:port]' entries, not a string"
             )
         self._entries = tuple(dict.fromkeys(_parse_entry(entry) for entry in allow))
+        self._names = frozenset(entry.host for entry in self._entries if not entry.is_ip)
         self._on_refusal = on_refusal
+        self.whole_process = whole_process
         self._activations = 0  # changed under _PATCHES' lock
         self._resolved: dict[str, frozenset[str]] = {}
 
@@ -419,7 +484,8 @@ class NetworkGuard:
 
     def activate(self) -> GuardToken:
         """Install the patches (once per process, counted) and make this guard the one of the
-        current context. Undo with :meth:`deactivate`, in the same context."""
+        current context (and of every context, for a whole-process guard). Undo with
+        :meth:`deactivate`, in the same context."""
         _PATCHES.acquire(self)
         return GuardToken(self, _GUARD.set(self))
 
@@ -442,10 +508,11 @@ class NetworkGuard:
 
     def enter_live(self) -> LiveToken:
         """Let this context reach the network until :meth:`exit_live` (an executed boundary body).
-        Does nothing in a context this guard does not guard."""
+        Does nothing in a context this guard does not guard. Another session's whole-process
+        guard still governs the context."""
         if _GUARD.get() is not self:
             return LiveToken(None)
-        return LiveToken(_GUARD.set(None))
+        return LiveToken(_GUARD.set(_Opened(self)))
 
     def exit_live(self, token: LiveToken) -> None:
         """Undo :meth:`enter_live` (same context)."""
@@ -462,18 +529,18 @@ class NetworkGuard:
         finally:
             self.exit_live(token)
 
-    # -- decisions (only ever reached in a context that holds this guard) ----------------------
-
-    def _engaged(self) -> bool:
-        return self._activations > 0 and not otel_context.get_value(_SUPPRESS_KEY)
+    # -- decisions (only ever reached for a guard that governs the current context) ------------
 
     def _addresses(self, name: str) -> frozenset[str]:
         found = self._resolved.get(name)
         if found is None:
+            token = _GUARD.set(_OPEN_TO_ALL)  # the guard's own lookup is not refused
             try:
                 infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
             except (OSError, UnicodeError):
                 infos = []
+            finally:
+                _GUARD.reset(token)
             found = frozenset(ip for info in infos if (ip := _ip(str(info[4][0]))) is not None)
             self._resolved[name] = found
         return found
@@ -489,93 +556,220 @@ class NetworkGuard:
         addresses = [entry.host for entry in entries if entry.is_ip]  # a name: does it resolve
         return bool(addresses) and not self._addresses(host).isdisjoint(addresses)  # to one?
 
-    def _refuse(
-        self,
-        host: str,
-        port: int | None,
-        via: str,
-        *,
-        request: _Request | None = None,
-        address: str | None = None,
-    ) -> NoReturn:
-        request = request or _REQUEST.get()
-        method = url = path = None
-        if request is not None:
-            method, path = request.method, request.path
-            url = f"{request.scheme}://{_hostport(request.host, request.port)}{path or ''}"
-        error = NetworkRefusedError(
-            host, port, via=via, method=method, url=url, path=path, address=address
-        )
-        callback = self._on_refusal
+    def _allows_lookup(self, host: str) -> bool:
+        """A name lookup: only a name entry (any port) allows it. An address entry does not,
+        since finding out whether the name resolves to it would be the very query refused."""
+        return host in self._names
+
+
+def _refuse(
+    guards: Iterable[NetworkGuard],
+    host: str,
+    port: int | None,
+    via: str,
+    *,
+    request: _Request | None = None,
+    address: str | None = None,
+    lookup: bool = False,
+) -> NoReturn:
+    """Raise the refusal, after each refusing guard's ``on_refusal`` has recorded it."""
+    request = request or _REQUEST.get()
+    method = url = path = None
+    if request is not None and not lookup:
+        method, path = request.method, request.path
+        url = f"{request.scheme}://{_hostport(request.host, request.port)}{path or ''}"
+    error = NetworkRefusedError(
+        host, port, via=via, method=method, url=url, path=path, address=address, lookup=lookup
+    )
+    for guard in guards:
+        callback = guard._on_refusal
         if callback is not None:
             with handle_internal_errors("recording a refused network connection"):
                 callback(error)
-        raise error
+    raise error
 
-    def _vet_socket(self, sock: socket.socket, address: object, via: str) -> None:
-        if not self._engaged():
-            return
-        try:
-            family, kind = sock.family, sock.type
-        except (AttributeError, OSError, ValueError):
-            return
-        if family not in _INET or kind == socket.SOCK_DGRAM:
-            return
-        target = _split_address(address)
-        if target is None:  # not an address connect() takes: let it fail its own way
-            return
-        host, port = target
-        if not self._allows(host, port):
-            given = address[0] if isinstance(address, tuple) else None
-            self._refuse(host, port, via, address=given if isinstance(given, str) else None)
 
-    def _vet_endpoint(self, address: object, via: str) -> bool:
-        """True: checked and allowed (the caller may connect unchecked below); False: this
-        context is not guarded right now. Raises to refuse."""
-        if not self._engaged():
-            return False
-        target = _split_address(address)
-        if target is None:
-            return False
-        host, port = target
-        if not self._allows(host, port):
-            self._refuse(host, port, via)
-        return True
+def _check(
+    guards: tuple[NetworkGuard, ...],
+    host: str,
+    port: int | None,
+    via: str,
+    *,
+    request: _Request | None = None,
+    address: str | None = None,
+) -> None:
+    refusing = [guard for guard in guards if not guard._allows(host, port)]
+    if refusing:
+        _refuse(refusing, host, port, via, request=request, address=address)
 
-    def _vet_http_client(self, conn: Any, method: object, url: object) -> None:
-        if not self._engaged():
-            return
-        sock = getattr(conn, "sock", None)
-        if sock is None:
-            module = sys.modules.get("http.client")
-            own = tuple(
-                getattr(getattr(module, name, None), "connect", None)
-                for name in ("HTTPConnection", "HTTPSConnection")
-            )
-            if getattr(type(conn), "connect", None) not in own:
-                return  # it makes its own socket: the socket level decides (AF_UNIX is allowed)
-        elif getattr(sock, "family", None) not in (None, *_INET):
-            return  # an open Unix-socket connection
-        host, port = _target_host(getattr(conn, "host", None)), _target_port(conn.port)
-        if host is None or self._allows(host, port):
-            return
-        scheme = "https" if getattr(conn, "default_port", None) == 443 else "http"
+
+def _vet_socket(guards: tuple[NetworkGuard, ...], sock: object, address: object, via: str) -> None:
+    try:
+        family = sock.family  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return
+    if family not in _INET:
+        return  # AF_UNIX (local IPC), and families that are no Internet traffic
+    target = _split_address(address)
+    if target is None:  # not an address connect() takes: let it fail its own way
+        return
+    host, port = target
+    given = address[0] if isinstance(address, tuple) else None
+    _check(guards, host, port, via, address=given if isinstance(given, str) else None)
+
+
+def _vet_endpoint(guards: tuple[NetworkGuard, ...], address: object, via: str) -> bool:
+    """True: checked and allowed by every guard (the caller may connect unchecked below);
+    False: nothing checked. Raises to refuse."""
+    target = _split_address(address)
+    if target is None:
+        return False
+    host, port = target
+    _check(guards, host, port, via)
+    return True
+
+
+def _vet_lookup(guards: tuple[NetworkGuard, ...], name: object, port: object, via: str) -> None:
+    """A name resolution: refused unless it needs no query (an address, no host, a loopback
+    name) or a guard-allowed name is looked up."""
+    if name is None:
+        return  # a passive or local lookup: no host at all
+    host = _target_host(name)
+    if host is None or _ip(host) is not None or _loopback_name(host):
+        return  # numeric: resolved without a query
+    refusing = [guard for guard in guards if not guard._allows_lookup(host)]
+    if refusing:
+        _refuse(refusing, host, _target_port(port), via, lookup=True)
+
+
+def _loopback_name(host: str) -> bool:
+    return host in _LOOPBACK_NAMES or host.endswith(".localhost")
+
+
+_LOOPBACK_NAMES = frozenset(("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"))
+
+
+def _vet_reverse(guards: tuple[NetworkGuard, ...], address: object, via: str) -> None:
+    """A reverse lookup (address to name): refused unless for a loopback address or an address
+    a guard allows."""
+    host = _target_host(address)
+    if host is None:
+        return
+    ip = _ip(host)
+    if ip is None:  # gethostbyaddr also takes a name, and resolves it first
+        _vet_lookup(guards, host, None, via)
+        return
+    if ipaddress.ip_address(ip).is_loopback:
+        return
+    refusing = [g for g in guards if not any(e.host == ip for e in g._entries)]
+    if refusing:
+        _refuse(refusing, ip, None, via, lookup=True)
+
+
+def _vet_http_client(
+    guards: tuple[NetworkGuard, ...], conn: Any, method: object, url: object
+) -> None:
+    sock = getattr(conn, "sock", None)
+    if sock is None:
+        module = sys.modules.get("http.client")
+        own = tuple(
+            getattr(getattr(module, name, None), "connect", None)
+            for name in ("HTTPConnection", "HTTPSConnection")
+        )
+        if getattr(type(conn), "connect", None) not in own:
+            return  # it makes its own socket: the socket level decides (AF_UNIX is allowed)
+    elif getattr(sock, "family", None) not in (None, *_INET):
+        return  # an open Unix-socket connection
+    host, port = _target_host(getattr(conn, "host", None)), _target_port(conn.port)
+    if host is None:
+        return
+    scheme = "https" if getattr(conn, "default_port", None) == 443 else "http"
+    refusing = [guard for guard in guards if not guard._allows(host, port)]
+    if refusing:
         request = _request(method, scheme, host, port, url)
-        self._refuse(host, port, "http.client.HTTPConnection.putrequest", request=request)
+        _refuse(refusing, host, port, "http.client.HTTPConnection.putrequest", request=request)
 
-    def _vet_httpx(self, transport: Any, request: Any, via: str) -> None:
-        if not self._engaged():
-            return
-        if getattr(getattr(transport, "_pool", None), "_uds", None):
-            return  # a Unix-socket transport: local IPC
-        url = request.url
-        scheme = str(url.scheme)
-        host = _target_host(url.host)
-        port = url.port if url.port is not None else _DEFAULT_PORTS.get(scheme)
-        if host is None or self._allows(host, port):
-            return
+
+def _vet_httpx(guards: tuple[NetworkGuard, ...], transport: Any, request: Any, via: str) -> None:
+    if getattr(getattr(transport, "_pool", None), "_uds", None):
+        return  # a Unix-socket transport: local IPC
+    url = request.url
+    scheme = str(url.scheme)
+    host = _target_host(url.host)
+    port = url.port if url.port is not None else _DEFAULT_PORTS.get(scheme)
+    if host is None:
+        return
+    refusing = [guard for guard in guards if not guard._allows(host, port)]
+    if refusing:
         described = _request(request.method, scheme, host, port, url.path)
-        self._refuse(host, port, via, request=described)
+        _refuse(refusing, host, port, via, request=described)
+
+
+# -- the floor: the interpreter's audit events --------------------------------------------------
+#
+# ``socket.socket.connect`` patched in Python misses every caller holding the C method itself (a
+# reference saved at import time, ``_socket.socket``), and ``sendto``/``sendmsg`` with an address
+# (TCP Fast Open, datagrams) connect without it. The interpreter raises an audit event in C for
+# each of these calls, whatever reference was used, and an exception raised by a hook aborts the
+# call before the system call is made. A hook cannot be removed, so it is added once, at the first
+# activation, and costs one global read per audit event while no guard is active.
+
+_HOOK_ON = False
+"""Whether some guard is active (the hook's only read while none is)."""
+_HOOK_INSTALLED = False
+_HOOK_SEEN = False
+_PROBE = "stepfork.network_guard.probe"
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if _HOOK_ON:
+        handler = _AUDITED.get(event)
+        if handler is not None:
+            handler(args)
+
+
+def _on_probe(args: tuple[Any, ...]) -> None:
+    global _HOOK_SEEN
+    _HOOK_SEEN = True
+
+
+def _audited_socket(via: str) -> Callable[[tuple[Any, ...]], None]:
+    def handler(args: tuple[Any, ...]) -> None:
+        if len(args) >= 2 and args[1] is not None:  # sendmsg without an address: connected
+            guards = _governing()
+            if guards:
+                _vet_socket(guards, args[0], args[1], via)
+
+    return handler
+
+
+def _audited_lookup(args: tuple[Any, ...]) -> None:
+    guards = _governing()
+    if guards and args:
+        _vet_lookup(guards, args[0], args[1] if len(args) > 1 else None, "socket.getaddrinfo")
+
+
+def _audited_by_name(args: tuple[Any, ...]) -> None:
+    guards = _governing()
+    if guards and args:
+        _vet_lookup(guards, args[0], None, "socket.gethostbyname")
+
+
+def _audited_reverse(args: tuple[Any, ...]) -> None:
+    guards = _governing()
+    if guards and args:
+        _vet_reverse(guards, args[0], "socket.gethostbyaddr")
+
+
+_AUDITED: dict[str, Callable[[tuple[Any, ...]], None]] = {
+    "socket.connect": _audited_socket("socket.socket.connect"),  # connect and connect_ex
+    "socket.sendto": _audited_socket("socket.socket.sendto"),
+    "socket.sendmsg": _audited_socket("socket.socket.sendmsg"),
+    "socket.getaddrinfo": _audited_lookup,
+    "socket.gethostbyname": _audited_by_name,  # gethostbyname and gethostbyname_ex
+    "socket.gethostbyaddr": _audited_reverse,
+    _PROBE: _on_probe,
+}
 
 
 # -- the patches ----------------------------------------------------------------------------------
@@ -586,24 +780,13 @@ def _mark(wrapper: Any) -> Any:
     return wrapper
 
 
-def _wrap_socket_connect(original: Any, via: str) -> Any:
-    @functools.wraps(original)
-    def connect(self: socket.socket, address: Any) -> Any:
-        guard = _GUARD.get()
-        if guard is not None:
-            guard._vet_socket(self, address, via)
-        return original(self, address)
-
-    return _mark(connect)
-
-
 def _wrap_create_connection(original: Any, via: str) -> Any:
     @functools.wraps(original)
     def create_connection(address: Any, *args: Any, **kwargs: Any) -> Any:
-        guard = _GUARD.get()
-        if guard is None or not guard._vet_endpoint(address, via):
+        guards = _governing()
+        if not guards or not _vet_endpoint(guards, address, via):
             return original(address, *args, **kwargs)
-        token = _GUARD.set(None)  # allowed by name: its own connects are to that endpoint
+        token = _GUARD.set(_OPEN_TO_ALL)  # allowed by name: its lookup and connects are to it
         try:
             return original(address, *args, **kwargs)
         finally:
@@ -615,9 +798,9 @@ def _wrap_create_connection(original: Any, via: str) -> Any:
 def _wrap_putrequest(original: Any, via: str) -> Any:
     @functools.wraps(original)
     def putrequest(self: Any, method: Any, url: Any, *args: Any, **kwargs: Any) -> Any:
-        guard = _GUARD.get()
-        if guard is not None:
-            guard._vet_http_client(self, method, url)
+        guards = _governing()
+        if guards:
+            _vet_http_client(guards, self, method, url)
         return original(self, method, url, *args, **kwargs)
 
     return _mark(putrequest)
@@ -626,7 +809,7 @@ def _wrap_putrequest(original: Any, via: str) -> Any:
 def _wrap_urlopen(original: Any, via: str) -> Any:
     @functools.wraps(original)
     def urlopen(self: Any, method: Any, url: Any, *args: Any, **kwargs: Any) -> Any:
-        if _GUARD.get() is None:
+        if not _governing():
             return original(self, method, url, *args, **kwargs)
         scheme = str(getattr(self, "scheme", None) or "http")
         token = _REQUEST.set(_request(method, scheme, self.host, self.port, url))
@@ -641,9 +824,9 @@ def _wrap_urlopen(original: Any, via: str) -> Any:
 def _wrap_handle_request(original: Any, via: str) -> Any:
     @functools.wraps(original)
     def handle_request(self: Any, request: Any) -> Any:
-        guard = _GUARD.get()
-        if guard is not None:
-            guard._vet_httpx(self, request, via)
+        guards = _governing()
+        if guards:
+            _vet_httpx(guards, self, request, via)
         return original(self, request)
 
     return _mark(handle_request)
@@ -652,9 +835,9 @@ def _wrap_handle_request(original: Any, via: str) -> Any:
 def _wrap_handle_async_request(original: Any, via: str) -> Any:
     @functools.wraps(original)
     async def handle_async_request(self: Any, request: Any) -> Any:
-        guard = _GUARD.get()
-        if guard is not None:
-            guard._vet_httpx(self, request, via)
+        guards = _governing()
+        if guards:
+            _vet_httpx(guards, self, request, via)
         return await original(self, request)
 
     return _mark(handle_async_request)
@@ -675,8 +858,6 @@ class _PatchPoint:
 
 
 _PATCH_POINTS: tuple[_PatchPoint, ...] = (
-    _PatchPoint("socket", "socket", "connect", _wrap_socket_connect),
-    _PatchPoint("socket", "socket", "connect_ex", _wrap_socket_connect),
     _PatchPoint("socket", "", "create_connection", _wrap_create_connection),
     _PatchPoint("urllib3.util.connection", "", "create_connection", _wrap_create_connection),
     _PatchPoint("http.client", "HTTPConnection", "putrequest", _wrap_putrequest),
@@ -703,7 +884,8 @@ class _Installed:
 
 
 class _Patches:
-    """The process-wide patches, installed while any guard is active (counted)."""
+    """The process-wide patches, installed while any guard is active (counted), and the audit
+    hook, added once and switched on while any guard is active."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -715,20 +897,40 @@ class _Patches:
             self._count += 1
             guard._activations += 1
             try:
+                self._switch_on(guard)
                 self._install_missing()  # also libraries imported since the first activation
             except BaseException:  # a patch point that cannot be set: leave nothing behind
-                guard._activations -= 1
-                self._count -= 1
-                if self._count == 0:
-                    self._restore()
+                self._leave(guard)
                 raise
 
     def release(self, guard: NetworkGuard) -> None:
         with self._lock:
-            guard._activations -= 1
-            self._count -= 1
-            if self._count == 0:
-                self._restore()
+            self._leave(guard)
+
+    def _leave(self, guard: NetworkGuard) -> None:
+        global _HOOK_ON, _WHOLE_PROCESS
+        guard._activations -= 1
+        self._count -= 1
+        if guard._activations == 0 and guard in _WHOLE_PROCESS:
+            _WHOLE_PROCESS = tuple(g for g in _WHOLE_PROCESS if g is not guard)
+        if self._count == 0:
+            _HOOK_ON = False
+            self._restore()
+
+    def _switch_on(self, guard: NetworkGuard) -> None:
+        global _HOOK_ON, _HOOK_INSTALLED, _WHOLE_PROCESS
+        _HOOK_ON = True
+        if not _HOOK_INSTALLED:
+            sys.addaudithook(_audit)
+            sys.audit(_PROBE)
+            if not _HOOK_SEEN:  # another hook refused ours (sys.addaudithook raised RuntimeError)
+                raise RuntimeError(
+                    "the replay network guard could not add its audit hook (sys.addaudithook "
+                    "was refused by another hook), so it cannot refuse the network"
+                )
+            _HOOK_INSTALLED = True
+        if guard.whole_process and guard not in _WHOLE_PROCESS:
+            _WHOLE_PROCESS = (*_WHOLE_PROCESS, guard)
 
     def _install_missing(self) -> None:
         for point in _PATCH_POINTS:

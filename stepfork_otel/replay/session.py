@@ -86,6 +86,9 @@ __all__ = [
     "parse_mode",
 ]
 
+_SEALED = frozenset((ReplayMode.FROZEN, ReplayMode.FORBIDDEN, ReplayMode.MANUAL))
+"""The modes that never run a body live: their network guard governs every thread."""
+
 
 def _checked_plan(trace: Trace, source: str | None, structure_checked: bool) -> list[RecordedCall]:
     """The plan of a trace that passed every check (structure, then every stored fingerprint)."""
@@ -187,7 +190,8 @@ class ReplaySession:
     needs an approval (every call in ``manual`` mode; calls recorded with policy ``manual`` or
     ``forbidden``); return True to allow it. ``allow_network``: ``"host"`` or ``"host:port"``
     entries that code outside the boundaries may still connect to while the session is active
-    (everything else is refused: see :mod:`stepfork_otel.replay.network`). ``captured``: what a
+    (everything else is refused -- in ``frozen``, ``forbidden`` and ``manual`` mode from every
+    thread of the process: see :mod:`stepfork_otel.replay.network`). ``captured``: what a
     read of the clock, randomness or a uuid that departs from the recording does -- ``strict``
     (default) raises :class:`ReplayMismatchError` naming both call sites, ``lenient`` reads live
     and notes it (see :mod:`stepfork_otel.replay.reads`).
@@ -217,7 +221,9 @@ class ReplaySession:
         self.allow_live_tools = decisions.names(allow_live_tools, "allow_live_tools")
         self.live_llms = decisions.names(live_llms, "live_llms")
         decisions.check_options(self.mode, self.allow_live_tools, self.live_llms)
-        self._network = NetworkGuard(allow_network, on_refusal=self._network_refused)
+        self._network = NetworkGuard(  # nothing runs live in these modes: no thread may either
+            allow_network, on_refusal=self._network_refused, whole_process=self.mode in _SEALED
+        )
         self.allow_network = self._network.allow
         self._network_token: GuardToken | None = None
         self.trace = trace
