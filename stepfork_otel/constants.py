@@ -244,6 +244,11 @@ ENV_BUNDLE_DIRECTORY: Final = "STEPFORK_DIRECTORY"
 
 #: Bytes a compressed bundle or collector file may expand to, in all.
 DEFAULT_MAX_DECOMPRESSED_BYTES: Final = 2 * 1024**3
+#: Times its compressed size a gzip file may expand to, once past the ratio-free start below
+#: (bundles and collector files compress 5-10 times; a run of one byte, a "bomb", ~1000 times).
+DEFAULT_MAX_COMPRESSION_RATIO: Final = 200
+#: Bytes a gzip file may expand to whatever its ratio (a small, very repetitive file is read).
+DEFAULT_RATIO_FREE_BYTES: Final = 1024**2
 #: Bytes of one line of a bundle or a collector file (a payload line included).
 DEFAULT_MAX_LINE_BYTES: Final = 256 * 1024**2
 #: Levels of JSON nesting in a bundle's header, a payload or an OTLP record (orjson writes 254).
