@@ -240,6 +240,19 @@ DEFAULT_MAX_SPAN_PAYLOAD_BYTES: Final = 64 * 1024
 #: ``OTEL_*`` variables and writes a bundle per run there (``stepfork_otel.otel.zero_code``).
 ENV_BUNDLE_DIRECTORY: Final = "STEPFORK_DIRECTORY"
 
+# --- environment reads: the fingerprint of a value (see docs/replay.md) --------------------------
+
+#: The key derivation that fingerprints an environment value: PBKDF2-HMAC-SHA-256 with a random
+#: salt of its own per read, stored beside it (``{"kdf", "iterations", "salt"}`` in the read's
+#: ``value``), so that replay can compare a live value and nothing precomputed applies.
+ENV_KDF: Final = "pbkdf2-sha256"
+#: Iterations of :data:`ENV_KDF` for a new recording (about 4 ms per variable read in a run).
+ENV_KDF_ITERATIONS: Final = 10_000
+#: The most iterations a bundle may ask replay to make for one read (a hostile bundle's cost).
+ENV_KDF_MAX_ITERATIONS: Final = 100_000
+#: Random bytes of each salt.
+ENV_SALT_BYTES: Final = 16
+
 # --- limits on what is read (hostile input; see docs/guarantees.md) -----------------------------
 
 #: Bytes a compressed bundle or collector file may expand to, in all.
