@@ -239,10 +239,28 @@ DEFAULT_MAX_SPAN_PAYLOAD_BYTES: Final = 64 * 1024
 #: ``OTEL_*`` variables and writes a bundle per run there (``stepfork_otel.otel.zero_code``).
 ENV_BUNDLE_DIRECTORY: Final = "STEPFORK_DIRECTORY"
 
+# --- environment reads: the fingerprint of a value (see docs/replay.md) --------------------------
+
+#: The key derivation that fingerprints an environment value: PBKDF2-HMAC-SHA-256 with a random
+#: salt of its own per read, stored beside it (``{"kdf", "iterations", "salt"}`` in the read's
+#: ``value``), so that replay can compare a live value and nothing precomputed applies.
+ENV_KDF: Final = "pbkdf2-sha256"
+#: Iterations of :data:`ENV_KDF` for a new recording (about 4 ms per variable read in a run).
+ENV_KDF_ITERATIONS: Final = 10_000
+#: The most iterations a bundle may ask replay to make for one read (a hostile bundle's cost).
+ENV_KDF_MAX_ITERATIONS: Final = 100_000
+#: Random bytes of each salt.
+ENV_SALT_BYTES: Final = 16
+
 # --- limits on what is read (hostile input; see docs/guarantees.md) -----------------------------
 
 #: Bytes a compressed bundle or collector file may expand to, in all.
 DEFAULT_MAX_DECOMPRESSED_BYTES: Final = 2 * 1024**3
+#: Times its compressed size a gzip file may expand to, once past the ratio-free start below
+#: (bundles and collector files compress 5-10 times; a run of one byte, a "bomb", ~1000 times).
+DEFAULT_MAX_COMPRESSION_RATIO: Final = 200
+#: Bytes a gzip file may expand to whatever its ratio (a small, very repetitive file is read).
+DEFAULT_RATIO_FREE_BYTES: Final = 1024**2
 #: Bytes of one line of a bundle or a collector file (a payload line included).
 DEFAULT_MAX_LINE_BYTES: Final = 256 * 1024**2
 #: Levels of JSON nesting in a bundle's header, a payload or an OTLP record (orjson writes 254).

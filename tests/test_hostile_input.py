@@ -14,6 +14,7 @@ import gzip
 import hashlib
 import logging
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -75,11 +76,20 @@ def test_an_end_line_with_a_deep_value_is_a_bundle_error(tmp_path: Path) -> None
     assert "end line does not match: it declares [[[[...]]]] events" in _bundle_error(deep)
 
 
+def _filler(size: int) -> bytes:
+    """``size`` bytes that gzip ~40 times (spaces, one pseudo-random letter in 61): below the
+    compression-ratio limit, so a test of another cap reaches that cap first."""
+    rng = random.Random(size)
+    return b"".join(b" " * 60 + bytes([rng.randrange(97, 123)]) for _ in range(size // 61 + 1))[
+        :size
+    ]
+
+
 def test_a_line_longer_than_the_limit_stops_there(tmp_path: Path) -> None:
     head = GOLDEN.read_bytes().split(b"\n", 1)[0] + b"\n"
     long = tmp_path / "long.sftrace.gz"
-    with gzip.open(long, "wb", compresslevel=9) as handle:  # ~50 KB on disk, 50 MB of one line
-        handle.write(head + b'{"input":"' + b"0" * 50_000_000)
+    with gzip.open(long, "wb", compresslevel=9) as handle:  # ~150 KB on disk, 6 MB of one line
+        handle.write(head + b'{"input":"' + _filler(6_000_000))
     assert long.stat().st_size < 200_000
     limits = ReadLimits(max_line_bytes=4 << 20)
     assert "line 2: longer than 4194304 bytes (the line-length limit)" in _bundle_error(
@@ -113,7 +123,7 @@ def test_a_small_gzip_costs_bounded_memory_to_load_and_validate(tmp_path: Path) 
         )
         assert done.returncode == 2, done.stderr
         (line,) = done.stderr.strip().splitlines()
-        assert "(the line-length limit)" in line
+        assert "(the compression-ratio limit" in line  # (before the line-length limit)
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
@@ -306,12 +316,13 @@ def test_a_truncated_gzip_is_an_import_error(otlp_line: dict[str, Any], tmp_path
 
 def test_the_importer_caps_decompressed_size_and_line_length(tmp_path: Path) -> None:
     bomb = tmp_path / "bomb.jsonl.gz"
-    bomb.write_bytes(gzip.compress(b'{"resourceSpans":[' + b" " * 30_000_000, compresslevel=9))
+    bomb.write_bytes(gzip.compress(b'{"resourceSpans":[' + _filler(3_000_000), compresslevel=9))
     assert bomb.stat().st_size < 100_000
     limits = ReadLimits(max_line_bytes=1 << 20)
     assert "a line longer than 1048576 bytes" in _import_error(bomb, limits=limits)
     lines = tmp_path / "lines.jsonl.gz"
-    lines.write_bytes(gzip.compress(b'{"resourceSpans":[]}\n' * 1_000_000, compresslevel=9))
+    numbered = b"".join(b'{"resourceSpans":[],"n":%d}\n' % n for n in range(100_000))
+    lines.write_bytes(gzip.compress(numbered, compresslevel=9))
     limits = ReadLimits(max_decompressed_bytes=1_000_000)
     assert "expands beyond 1000000 bytes (the decompressed-size limit)" in _import_error(
         lines, limits=limits

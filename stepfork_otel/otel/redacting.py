@@ -31,8 +31,11 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from opentelemetry import _logs as logs_api
 from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
+from opentelemetry.sdk._logs import LoggerProvider, LogRecordProcessor, ReadWriteLogRecord
+from opentelemetry.sdk._logs._internal import SynchronousMultiLogRecordProcessor
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.trace import Link, Status
@@ -190,4 +193,114 @@ def enable_span_redaction(
                     return existing
             processor = RedactingSpanProcessor(redactor)
             multi._span_processors = (processor, *current)
+            return processor
+
+
+# --- log records ------------------------------------------------------------------------------
+
+
+def _redact_any(redactor: Redactor, key: str | None, value: Any) -> Any:
+    """A log record's body or attribute value (any OTel ``AnyValue``: text, bytes, a sequence,
+    a mapping), redacted as a payload under ``key`` (None: the body, under no key)."""
+    if key is not None and not isinstance(value, (dict, list, tuple, bytes)):
+        return _redact_value(redactor, key, value, True)
+    if isinstance(value, bytes):
+        return redactor.redact_bytes(value)
+    if isinstance(value, str):
+        return redactor.redact_text(value)
+    if isinstance(value, (dict, list, tuple)):
+        redacted = redactor.redact(value if key is None else {key: value})
+        redacted = redacted if key is None else next(iter(redacted.values()))
+        return tuple(redacted) if isinstance(value, tuple) else redacted
+    return value
+
+
+def redact_log_record(redactor: Redactor, record: ReadWriteLogRecord) -> None:
+    """Replace a log record's body, attributes and event name by redacted copies, in place
+    (``record``: the SDK's ``ReadWriteLogRecord``)."""
+    log = record.log_record
+    if log.body is not None:
+        log.body = _redact_any(redactor, None, log.body)
+    attributes: Any = log.attributes  # (the SDK's BoundedAttributes, mutable)
+    if attributes:
+        for key in list(attributes):
+            if key in KEPT_ATTRIBUTES:
+                continue
+            value = attributes[key]
+            redacted = _redact_any(redactor, key, value)
+            if redacted is not value and redacted != value:
+                attributes[key] = redacted
+    name = getattr(log, "event_name", None)
+    if isinstance(name, str) and name:
+        log.event_name = redactor.redact_text(name)
+
+
+class RedactingLogRecordProcessor(LogRecordProcessor):
+    """The log-record twin of :class:`RedactingSpanProcessor`: redacts the body, attributes and
+    event name of every log record before the processors after it (the application's
+    ``BatchLogRecordProcessor`` and exporters) see it. Instrumentations send message content
+    as log records -- ``opentelemetry-instrumentation-openai-v2`` does by default, without
+    ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=span_only`` -- while their spans are
+    redacted by ``redact_all_spans``. Mutates the record it is given, as the span processor
+    does: the SDK hands every processor the same ``ReadWriteLogRecord``."""
+
+    def __init__(self, redactor: Callable[[], Redactor]) -> None:
+        self._redactor = redactor
+
+    def on_emit(self, log_record: ReadWriteLogRecord) -> None:
+        try:
+            redact_log_record(self._redactor(), log_record)
+        except Exception:  # never break the application's log pipeline
+            logger.exception("stepfork_otel: could not redact a log record")
+
+    def enabled(self, **_: Any) -> bool:
+        return False  # (says nothing about whether a record is wanted: the others decide)
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def enable_log_redaction(
+    logger_provider: Any = None, redactor: Callable[[], Redactor] | None = None
+) -> RedactingLogRecordProcessor | None:
+    """Put a :class:`RedactingLogRecordProcessor` first on ``logger_provider`` (default: the
+    global one, ``opentelemetry._logs.get_logger_provider()``). Idempotent. Returns the
+    processor, or None when the provider is not an SDK ``LoggerProvider`` whose processors run
+    one after the other (no SDK logging set up: no log record is exported, nothing to redact;
+    a ``ConcurrentMultiLogRecordProcessor`` runs them at once, so none can go first: a warning
+    is logged)."""
+    if redactor is None:
+        from stepfork_otel.config import CONFIG
+
+        def redactor() -> Redactor:
+            return CONFIG.settings.redactor
+
+    with _install_lock:
+        target = logger_provider if logger_provider is not None else logs_api.get_logger_provider()
+        if not isinstance(target, LoggerProvider):
+            if logger_provider is not None:
+                logger.warning(
+                    "stepfork_otel: log redaction needs an OpenTelemetry SDK LoggerProvider; %s "
+                    "is not one, its log records are not redacted by stepfork",
+                    type(target).__name__,
+                )
+            return None
+        multi = target._multi_log_record_processor
+        if not isinstance(multi, SynchronousMultiLogRecordProcessor):
+            logger.warning(
+                "stepfork_otel: the LoggerProvider runs its processors concurrently (%s); "
+                "stepfork cannot redact its log records before they are exported",
+                type(multi).__name__,
+            )
+            return None
+        with multi._lock:
+            current: Sequence[Any] = multi._log_record_processors
+            for existing in current:
+                if isinstance(existing, RedactingLogRecordProcessor):
+                    return existing
+            processor = RedactingLogRecordProcessor(redactor)
+            multi._log_record_processors = (processor, *current)
             return processor

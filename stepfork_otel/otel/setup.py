@@ -38,7 +38,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from stepfork_otel.config import CONFIG
 from stepfork_otel.otel.processor import SftraceSpanProcessor
-from stepfork_otel.otel.redacting import enable_span_redaction
+from stepfork_otel.otel.redacting import enable_log_redaction, enable_span_redaction
 from stepfork_otel.recording.determinism import capture_groups, package_names
 from stepfork_otel.trace.redaction import Redactor
 
@@ -123,7 +123,9 @@ def configure(
     ``redact_all_spans``: also redact, with the same rules, the attributes, events and status of
     *every* span of the provider before any processor exports it -- spans of other
     instrumentations (OpenAI, OpenInference, HTTP clients) included (see
-    :mod:`stepfork_otel.otel.redacting`).
+    :mod:`stepfork_otel.otel.redacting`) -- and the log records of the global SDK
+    ``LoggerProvider`` when one is set (for another provider, or one set later:
+    ``stepfork_otel.otel.redacting.enable_log_redaction(logger_provider)``).
     ``flush_interval`` (default 1 s; 0: as each call ends) bounds how long a finished call may
     wait in memory before its run's bundle, written as the run goes, has it on disk (what a
     ``SIGKILL`` can lose); ``fsync_interval`` (default 1 s; 0: every write; ``math.inf``: never)
@@ -170,6 +172,7 @@ def configure(
         CONFIG.update(**changes)
     if redact_all_spans:
         enable_span_redaction(tracer_provider)
+        enable_log_redaction()  # (the global LoggerProvider, when it is an SDK one)
     global _processor
     with _lock:
         current = _processor

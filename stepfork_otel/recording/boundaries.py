@@ -631,10 +631,17 @@ def _tool_description(
     (``gen_ai.tool.description``, OpenInference ``tool.description``) and the JSON schema of
     its parameters (``tool.parameters``), built once, on the tool's first call. A signature
     pydantic cannot describe (an unresolvable annotation, a default with no JSON form) gets no
-    schema; that is not an error."""
+    schema; that is not an error.
+
+    Both are redacted like a payload, with the redactor of the first call: a docstring or a
+    parameter's default may hold a secret (``api_key: str = "sk-..."``), and these attributes
+    go to every exporter. A default is redacted under its parameter's name, so a key rule
+    applies to it as it does to the same argument in the call's input."""
     described: dict[str, Any] = {}
+    redactor = CONFIG.settings.redactor
     doc = inspect.getdoc(annotated)
     if doc:
+        doc = redactor.redact_text(doc)
         described[k.GEN_AI_TOOL_DESCRIPTION] = described[k.OI_TOOL_DESCRIPTION] = doc
     try:
         hints = typing.get_type_hints(annotated)
@@ -648,10 +655,27 @@ def _tool_description(
             default = ... if param.default is param.empty else param.default
             fields[pname] = (hints.get(pname, Any), default)
         model = pydantic.create_model("Parameters", **fields)
-        described[k.OI_TOOL_PARAMETERS] = json.dumps(model.model_json_schema(), sort_keys=True)
+        schema = redactor.redact(_defaults_redacted(redactor, model.model_json_schema()))
+        described[k.OI_TOOL_PARAMETERS] = json.dumps(schema, sort_keys=True)
     except Exception:
         pass  # no schema for this signature
     return described
+
+
+def _defaults_redacted(redactor: Any, schema: Any) -> Any:
+    """``schema`` (JSON Schema, as pydantic makes it) with the ``default`` of each property --
+    of the parameters and of nested models (``$defs``) -- redacted under the property's name."""
+    if isinstance(schema, list):
+        return [_defaults_redacted(redactor, item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _defaults_redacted(redactor, value) for key, value in schema.items()}
+    properties = out.get("properties")
+    if isinstance(properties, dict):
+        for name, prop in properties.items():
+            if isinstance(prop, dict) and "default" in prop:
+                prop["default"] = redactor.redact({name: prop["default"]})[name]
+    return out
 
 
 def _tool_target(func: Any) -> tuple[str, Any, str | None]:

@@ -62,8 +62,7 @@ from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors
 from stepfork_otel.config import CONFIG
 from stepfork_otel.recording.contract import Replayer, Site, current_session
-from stepfork_otel.trace.captured import RANDOM_FUNCTIONS
-from stepfork_otel.trace.models import env_fingerprint
+from stepfork_otel.trace.captured import RANDOM_FUNCTIONS, env_fingerprint, env_salting
 
 logger = logging.getLogger("stepfork_otel")
 
@@ -696,7 +695,9 @@ def _env_getitem(self: Any, key: str) -> str:
             first = key not in capture.env_seen
             capture.env_seen.add(key)
         if first:
-            capture.add("env", "os.environ", where, name=key, sha256=env_fingerprint(value))
+            salting = None if value is None else env_salting()  # (unset: nothing to hide)
+            fingerprint = env_fingerprint(value, salting)
+            capture.add("env", "os.environ", where, name=key, sha256=fingerprint, value=salting)
     if value is None:
         raise KeyError(key)
     return value

@@ -17,8 +17,8 @@ from typing import Any, Literal
 from stepfork_otel import constants as k
 from stepfork_otel.recording.contract import Site
 from stepfork_otel.replay.errors import ReplayMismatchError, ReplayModeError
-from stepfork_otel.trace.captured import group_of
-from stepfork_otel.trace.models import CapturedRead, Trace, env_fingerprint
+from stepfork_otel.trace.captured import env_fingerprint, group_of
+from stepfork_otel.trace.models import CapturedRead, Trace
 
 CapturedPolicy = Literal["strict", "lenient"]
 
@@ -84,7 +84,7 @@ class ReadServer:
         notes = []
         for read in self.env:
             name = read.name or "?"
-            live = env_fingerprint(os.environ.get(name))
+            live = env_fingerprint(os.environ.get(name), read.value)
             if live == read.sha256:
                 continue
             if read.sha256 is None:

@@ -11,7 +11,9 @@ agent's ``datetime.now()``).
 from __future__ import annotations
 
 import datetime
+import hashlib
 import re
+import secrets
 import uuid
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -135,6 +137,60 @@ RANDOM_FUNCTIONS = tuple(
 )
 
 
+# --- environment reads: a salted, slow fingerprint -----------------------------------------------
+
+
+def env_salting() -> dict[str, Any]:
+    """What a new environment read keeps beside its fingerprint, as the read's ``value``: the
+    key derivation, its iterations and a random salt of this read's own."""
+    return {
+        "kdf": k.ENV_KDF,
+        "iterations": k.ENV_KDF_ITERATIONS,
+        "salt": secrets.token_hex(k.ENV_SALT_BYTES),
+    }
+
+
+def env_fingerprint(value: str | None, salting: Any = None) -> str | None:
+    """What a bundle keeps of an environment variable's value (None: it was unset).
+
+    With ``salting`` (:func:`env_salting`, as a read holds it): PBKDF2-HMAC-SHA-256 of the
+    value under the read's salt, in hex. Without (a bundle of an earlier version): the bare
+    SHA-256 that bundle holds, so that it can still be compared. The salt is in the bundle --
+    replay must compute the same fingerprint of the live value -- so it defeats precomputed
+    lists and the comparison of one value across bundles, not a guess of this one read: the
+    iterations make each guess cost thousands of hashes, and a short or common value can still
+    be found. ``salting`` is assumed checked (:func:`env_salting_problem`)."""
+    if value is None:
+        return None
+    data = value.encode("utf-8", "surrogatepass")
+    if salting is None:
+        return hashlib.sha256(data).hexdigest()
+    salt = bytes.fromhex(salting["salt"])
+    return hashlib.pbkdf2_hmac("sha256", data, salt, salting["iterations"]).hex()
+
+
+_SALT = re.compile(r"(?:[0-9a-f]{2}){8,64}")
+
+
+def env_salting_problem(value: Any) -> str | None:
+    """What is wrong with an environment read's ``value`` (None: nothing): absent (an unset
+    variable, or a bundle of an earlier version), or exactly what :func:`env_salting` makes,
+    with no more iterations than :data:`~stepfork_otel.constants.ENV_KDF_MAX_ITERATIONS` (what a
+    hostile bundle may make replay compute)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"kdf", "iterations", "salt"}:
+        return "an environment read holds no value, only how its fingerprint was made"
+    if value["kdf"] != k.ENV_KDF:
+        return f"unknown fingerprint derivation {quote(value['kdf'])}"
+    iterations = value["iterations"]
+    if not _integer(iterations) or not 1 <= iterations <= k.ENV_KDF_MAX_ITERATIONS:
+        return f"the fingerprint's iterations are not 1 to {k.ENV_KDF_MAX_ITERATIONS}"
+    if not isinstance(value["salt"], str) or _SALT.fullmatch(value["salt"]) is None:
+        return "the fingerprint's salt is not 8 to 64 bytes in hex"
+    return None
+
+
 def _read_problem(read: CapturedRead) -> str | None:
     source = SOURCES.get(read.source)
     if source is None:
@@ -144,7 +200,7 @@ def _read_problem(read: CapturedRead) -> str | None:
     if read.kind == "env":
         if read.source != "os.environ" or not read.name:
             return "an environment read names os.environ and its variable"
-        return None
+        return env_salting_problem(read.value)
     if source.group == k.CAPTURE_ENV:
         return "os.environ is checked, never served: it holds no value"
     if not source.valid(read.value):
