@@ -677,3 +677,19 @@ def test_redaction_that_does_not_settle_fails_closed() -> None:
     assert glued.redact_canonical(out) == out
     short = glued.redact_canonical(canonical_json({"q": chain[: 13 * 6]}))
     assert short == '{"q":"' + "[REDACTED:acme]" * 6 + '"}'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'Example key: ADAFRUIT_IO_KEY="v97w8d7f6g5h4j3k2l1mnbvcxz12345"',
+        "key: private_key_id: 5d9f8e7d6c5b4a39281706f5e4d3c2b1a0918273",
+    ],
+)
+def test_a_secret_under_a_key_inside_a_refused_value_is_redacted(text: str) -> None:
+    """The generic rule matched the first ``key:`` and refused its value (``ADAFRUIT_IO_KEY=``,
+    low entropy); the search went on after that value, past the real secret (found by the
+    issue 28 campaign: a tool default written after "Example key:")."""
+    redacted = DEFAULT_REDACTOR.redact_text(text)
+    assert "[REDACTED:generic_secret]" in redacted
+    assert text.rsplit(" ", 1)[-1].strip('"').split("=")[-1].strip('"') not in redacted

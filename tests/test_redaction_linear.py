@@ -120,6 +120,10 @@ ADVERSARIAL = {
     "url credentials repeated": lambda n: "a://b:c@" * (n // 8),
     "assignment chain": lambda n: "token=" * (n // 6),
     "generic keys": lambda n: "api_key_x=" * (n // 10),
+    # a refused value is searched again for a key of its own ("key: API_KEY=<secret>")
+    "key chain": lambda n: "key=" * (n // 4),
+    "keys inside refused values": lambda n: "key: IO_KEY=" * (n // 12),
+    "low-entropy value after keys": lambda n: "key_key_key: " * (n // 26) + "a" * (n // 2),
     "authorization chain": lambda n: "Authorization: " * (n // 15),
     "cookie chain": lambda n: "Cookie: a=b; " * (n // 13),
     "header tuples": lambda n: '("token", ' * (n // 10),

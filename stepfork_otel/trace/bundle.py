@@ -794,7 +794,7 @@ class TruncatedGzip(BundleError):
 
 def _file_chunks(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[bytes]:
     try:
-        handle = open_regular(path)
+        handle = open_regular(path, limits)
     except NotRegularFile as exc:
         if exc.reason.startswith("is a directory"):
             raise BundleError(path, "is a directory, not a .sftrace bundle") from None

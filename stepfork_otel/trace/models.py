@@ -12,7 +12,6 @@ re-serialises or even parses the payloads. Use :func:`payload_value` to get the 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -168,13 +167,6 @@ class CapturedRead(_Model):
     def site(self) -> str:
         """``module:function:line``, as messages print it."""
         return f"{self.module}:{self.function}:{self.line}"
-
-
-def env_fingerprint(value: str | None) -> str | None:
-    """What a bundle keeps of an environment variable's value: its SHA-256 (None: unset)."""
-    if value is None:
-        return None
-    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class ContextSpan(_Model):

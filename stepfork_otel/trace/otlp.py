@@ -561,7 +561,7 @@ class _FileSource(_Source):
 
     def _open(self) -> _Capped:
         try:
-            handle = open_regular(self.path)
+            handle = open_regular(self.path, self.limits)
         except NotRegularFile as exc:
             if exc.reason.startswith("is a directory"):
                 raise OtlpImportError(

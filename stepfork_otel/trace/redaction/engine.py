@@ -171,18 +171,31 @@ class _Rule:
         match = self.regex.Match
         end = len(data)
         pos = 0
+        rejected_end = -1
         while pos <= end:
             found = match(_UNANCHORED, data, pos, end)
             start, stop = found[0]
             if start < 0:
                 break
+            kept, refused = False, -1
             if self.groups:
                 for index in self.groups:
                     s, e = found[index]
-                    if s >= 0 and e > s and self._keep(data, s, e):
-                        out.append((s, e))
+                    if s >= 0 and e > s:
+                        if self._keep(data, s, e):
+                            out.append((s, e))
+                            kept = True
+                        elif refused < 0:
+                            refused = s
             elif stop > start and self._keep(data, start, stop):
                 out.append((start, stop))
+                kept = True
+            if not kept and refused > start and stop != rejected_end:
+                # a value refused (low entropy, allow-listed) may hold a key of its own --
+                # "key: API_KEY=<secret>": look again from the value, once per value (a chain
+                # "key=key=key=..." ends at the same place and is not scanned again)
+                rejected_end, pos = stop, refused
+                continue
             pos = stop if stop > start else _next_char(data, stop)
         return out
 
