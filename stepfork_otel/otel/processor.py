@@ -107,6 +107,14 @@ def _attributes(span: ReadableSpan) -> dict[str, Any]:
     return dict(span.attributes or {})
 
 
+def _ended_attributes(span: ReadableSpan) -> Mapping[str, Any]:
+    """The attributes of an ended span, not copied: the SDK's own dict behind the read-only
+    proxy (an ended span's attributes no longer change), whose lookups are C calls -- the
+    proxy's are the ``Mapping`` mixin's, in Python, and the conversion makes a dozen."""
+    items = getattr(getattr(span, "_attributes", None), "_dict", None)
+    return items if isinstance(items, dict) else (span.attributes or {})
+
+
 def span_record(
     span: ReadableSpan, payloads: Mapping[str, Payload] | None = None, *, copy: bool = True
 ) -> SpanRecord:
@@ -124,7 +132,7 @@ def span_record(
         start_time_unix_nano=span.start_time or 0,
         end_time_unix_nano=span.end_time,
         status=span.status.status_code.name.lower(),
-        attributes=_attributes(span) if copy else (span.attributes or {}),
+        attributes=_attributes(span) if copy else _ended_attributes(span),
         payloads=dict(payloads or {}),
     )
 
