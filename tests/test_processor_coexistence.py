@@ -185,3 +185,32 @@ def test_a_sampler_that_drops_the_attributes_is_named_not_silent(
     docs = (Path(__file__).resolve().parent.parent / "docs" / "otel-setups.md").read_text("utf-8")
     assert f"WARNING:stepfork_otel:{warned[0]}\n" in docs  # the page shows it as it is
     assert Trace.load(tmp_path / "run.sftrace").calls == []  # what the warning is about
+
+
+class DropsEverySecond(Sampler):
+    """A sampler that keeps the attributes of every other span only."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+        self.n += 1
+        attributes = args[4] if len(args) > 4 else kwargs.get("attributes")
+        return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes if self.n % 2 else None)
+
+    def get_description(self) -> str:
+        return "DropsEverySecond"
+
+
+def test_a_sampler_that_drops_the_attributes_of_later_spans_only_is_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The check ran on the first span of each tracer only: a sampler that kept the run span's
+    attributes and dropped a call's lost that call silently."""
+    configure(tracer_provider=TracerProvider(sampler=DropsEverySecond()))
+    with caplog.at_level(logging.WARNING, logger="stepfork_otel"), record(tmp_path / "r.sftrace"):
+        agent()
+    warned = [
+        r.message for r in caplog.records if "SamplingResult(decision, attributes)" in r.message
+    ]
+    assert len(warned) == 1, caplog.text

@@ -128,7 +128,8 @@ def record_failure(span: Span, exc: BaseException) -> None:
 
 
 _ASK: Any = object()
-_checked_tracer: object | None = None
+#: Tracers already warned about (by id: a tracer lives as long as its provider; bounded).
+_warned_tracers: set[int] = set()
 logger = logging.getLogger("stepfork_otel")
 
 
@@ -136,19 +137,20 @@ def check_attributes_kept(span: Span, tracer: object) -> None:
     """Warn (once per tracer) when the provider's sampler dropped the attributes stepfork's span
     started with -- a sampler of the user's own that returns ``SamplingResult(decision)`` alone:
     the SDK then gives the span the sampler's attributes, none, and the span is no longer a run or
-    a call, so nothing of it is recorded. Checked on the first recording span of each tracer (a
-    sampler is its provider's): one identity test per call after that."""
-    global _checked_tracer
-    if tracer is _checked_tracer or not span.is_recording():
+    a call, so nothing of it is recorded. Checked on every recording span (one lookup: a sampler
+    may drop them for some spans only), said once per tracer."""
+    if not span.is_recording():
         return
-    _checked_tracer = tracer
     attributes = getattr(span, "attributes", None)
-    if attributes is not None and k.KIND not in attributes:
-        logger.warning(
-            "stepfork_otel: the tracer provider's sampler returned its decision without the "
-            "span's attributes, so stepfork's spans lose theirs and nothing is recorded; a "
-            "sampler must return SamplingResult(decision, attributes), as the SDK's samplers do"
-        )
+    if attributes is None or k.KIND in attributes or id(tracer) in _warned_tracers:
+        return
+    if len(_warned_tracers) < 1024:
+        _warned_tracers.add(id(tracer))
+    logger.warning(
+        "stepfork_otel: the tracer provider's sampler returned its decision without the "
+        "span's attributes, so stepfork's spans lose theirs and nothing is recorded; a "
+        "sampler must return SamplingResult(decision, attributes), as the SDK's samplers do"
+    )
 
 
 def end_span(span: Span, kept_id: int | None = _ASK) -> None:
