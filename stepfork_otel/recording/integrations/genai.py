@@ -85,6 +85,16 @@ def _events(output: dict[str, Any]) -> list[dict[str, Any]]:
     return [_dict(_dict(chunk).get("data")) for chunk in _list(output.get(k.STREAM_CHUNKS))]
 
 
+def _output_message(role: Any, parts: list[dict[str, Any]], reason: Any) -> dict[str, Any]:
+    """One ``gen_ai.output.messages`` entry. A reason the response did not give (a stream cut
+    short, a gateway's reply without one) is left out, never ``null``: Phoenix drops every
+    output message of a span when one has ``"finish_reason": null``."""
+    message: dict[str, Any] = {"role": role, "parts": parts}
+    if isinstance(reason, str):
+        message["finish_reason"] = reason
+    return message
+
+
 def _text_part(text: Any) -> dict[str, Any]:
     return {"type": "text", "content": text}
 
@@ -361,11 +371,9 @@ def openai_response(body: dict[str, Any], output: dict[str, Any]) -> Summary:
             summary.finish_reasons.append(reason)
         message = _dict(choice.get("message"))
         summary.output_messages.append(
-            {
-                "role": message.get("role", "assistant"),
-                "parts": _openai_message_parts(message),
-                "finish_reason": reason,
-            }
+            _output_message(
+                message.get("role", "assistant"), _openai_message_parts(message), reason
+            )
         )
     parts: list[dict[str, Any]] = []
     for item in _list(result.get("output")):  # Responses
@@ -378,9 +386,7 @@ def openai_response(body: dict[str, Any], output: dict[str, Any]) -> Summary:
         reason = result.get("status")
         if isinstance(reason, str):
             summary.finish_reasons.append(reason)
-        summary.output_messages.append(
-            {"role": "assistant", "parts": parts, "finish_reason": reason}
-        )
+        summary.output_messages.append(_output_message("assistant", parts, reason))
     return summary
 
 
@@ -484,10 +490,8 @@ def anthropic_response(body: dict[str, Any], output: dict[str, Any]) -> Summary:
         summary.finish_reasons.append(reason)
     if "content" in result:
         summary.output_messages.append(
-            {
-                "role": result.get("role", "assistant"),
-                "parts": _anthropic_parts(result.get("content")),
-                "finish_reason": reason,
-            }
+            _output_message(
+                result.get("role", "assistant"), _anthropic_parts(result.get("content")), reason
+            )
         )
     return summary
