@@ -68,3 +68,29 @@ def test_an_anthropic_message_without_stop_reason_has_no_null(
     _call(tmp_path, reply, provider="anthropic")
     (message,) = json.loads(_llm_attributes(recording)[k.GEN_AI_OUTPUT_MESSAGES])
     assert "finish_reason" not in message
+
+
+@pytest.mark.parametrize(
+    ("value", "on"),
+    [
+        ("true", True),
+        ("True", True),
+        ("SPAN_ONLY", True),
+        ("span_and_event", True),
+        ("SPAN_AND_EVENT", True),
+        ("EVENT_ONLY", False),
+        ("NO_CONTENT", False),
+        ("false", False),
+        ("", False),
+    ],
+)
+def test_the_content_variable_takes_the_genai_instrumentations_values(
+    recording: Recording,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    value: str,
+    on: bool,
+) -> None:
+    monkeypatch.setenv(k.ENV_CAPTURE_MESSAGE_CONTENT, value)
+    _call(tmp_path, _reply(finish_reason="stop"))
+    assert (k.GEN_AI_OUTPUT_MESSAGES in _llm_attributes(recording)) is on

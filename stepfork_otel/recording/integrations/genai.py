@@ -7,8 +7,9 @@ Always: ``gen_ai.request.*`` parameters, ``gen_ai.response.id``/``model``/``fini
 tokens, the convention's includes them, so they are added), ``error.type`` for an error status.
 Message content (``gen_ai.input.messages``, ``gen_ai.output.messages``,
 ``gen_ai.system_instructions``, ``gen_ai.tool.definitions``) only when
-``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is true (the variable the OTel GenAI
-instrumentations read) and stepfork's own payload capture is on. Streams are folded into the
+``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is ``true``, ``SPAN_ONLY`` or
+``SPAN_AND_EVENT`` (the variable the OTel GenAI instrumentations read, with their values that
+put content on spans) and stepfork's own payload capture is on. Streams are folded into the
 message they delivered. Anything unexpected in a body is skipped: describing a call must never
 fail it.
 """
@@ -37,9 +38,17 @@ _REQUEST_PARAMS = (
 )
 
 
+#: The values of ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` that put content on spans:
+#: the boolean the OTel GenAI instrumentations read, and the modes of their newer releases
+#: (``opentelemetry-util-genai``) that include spans -- so one value turns content on for
+#: stepfork and, say, ``opentelemetry-instrumentation-openai-v2`` alike. ``EVENT_ONLY`` and
+#: ``NO_CONTENT`` put none on spans, and stepfork writes no events.
+_CONTENT_ON_SPANS = frozenset({"true", "1", "yes", "span_only", "span_and_event"})
+
+
 def content_captured() -> bool:
     flag = os.environ.get(k.ENV_CAPTURE_MESSAGE_CONTENT, "").strip().lower()
-    return flag in ("true", "1", "yes") and CONFIG.settings.capture_content
+    return flag in _CONTENT_ON_SPANS and CONFIG.settings.capture_content
 
 
 def _dict(value: Any) -> dict[str, Any]:
