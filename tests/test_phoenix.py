@@ -171,6 +171,20 @@ def test_a_recorded_run_and_its_replay_as_phoenix_shows_them(
     assert a["llm.token_count.total"] > 0
     assert a["llm.model_name"] == "gpt-4o"
 
+    # a succeeded call or run is OK, not Unset; a replayed LLM call called no model, so Phoenix
+    # counts no tokens for it (stepfork keeps the recorded usage as stepfork.usage.*); every LLM
+    # span keeps its output bubble (no "finish_reason": null to make Phoenix drop it)
+    assert {s["status_code"] for s in spans if s is not replay} == {"OK"}
+    for llm in by_name(spans, "chat gpt-4o"):
+        attributes = llm["attributes"]
+        assert attributes["llm.output_messages.0.message.role"] == "assistant"
+        billed = [key for key in attributes if key.startswith("llm.token_count.")]
+        if llm["context"]["trace_id"] == replayed:
+            assert billed == [], billed
+            assert attributes["stepfork.usage.input_tokens"] > 0
+        else:
+            assert billed, attributes
+
     # a TOOL span: its description (the docstring) and its parameters' schema (the signature)
     tool_span = by_name(spans, "execute_tool lookup_order")[0]["attributes"]
     assert tool_span["tool.name"] == "lookup_order"

@@ -22,6 +22,7 @@ CLI framework would be a dependency for a few escape codes.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import inspect
 import json
@@ -54,13 +55,55 @@ class CliError(Exception):
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--verbose`` (full fingerprints, longer previews, tracebacks on errors)."""
+    """``--verbose`` (full fingerprints, longer previews, tracebacks on errors), and the
+    command's own refusal of arguments it does not know (:func:`refuse_unknown_arguments`).
+    Every command's parser calls it."""
     parser.add_argument(
         "-v",
         "--verbose",
         action="store_true",
         help="full SHA-256 fingerprints, longer previews, and a traceback on errors",
     )
+    refuse_unknown_arguments(parser)
+
+
+def refuse_unknown_arguments(parser: argparse.ArgumentParser) -> None:
+    """Make a command's parser refuse the arguments it does not know itself, naming the option
+    meant (``did you mean --json?``) and the command's own help.
+
+    argparse hands a command's unknown arguments up to the top-level parser, whose error names
+    neither (``stepfork: error: unrecognized arguments: --jsn (see stepfork --help)``), and
+    suggests nothing before Python 3.14. The command's parser sees its own options, so it is
+    where the error is made: its ``error`` is the one-line error of every usage error."""
+    parse_known = parser.parse_known_args
+
+    def parse_known_args(args: Any = None, namespace: Any = None) -> Any:
+        parsed, extras = parse_known(args, namespace)
+        if extras:
+            parser.error(unrecognized_arguments(parser, extras))
+        return parsed, extras
+
+    setattr(parser, "parse_known_args", parse_known_args)  # noqa: B010 (an instance's method)
+
+
+def unrecognized_arguments(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """``unrecognized arguments: …``, with the closest option of ``parser`` for each unknown
+    long option that is close to one (``--entrypiont=x``: ``did you mean --entrypoint?``)."""
+    names = {  # compared without the dashes, which every long option shares
+        option[2:]: option
+        for action in parser._actions
+        for option in action.option_strings
+        if option.startswith("--")
+    }
+    meant: list[str] = []
+    for extra in extras:
+        if extra.startswith("--"):
+            typed = extra.split("=", 1)[0][2:]
+            for name in difflib.get_close_matches(typed, sorted(names), n=1, cutoff=0.7):
+                if names[name] not in meant:
+                    meant.append(names[name])
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    return f"{message}; did you mean {' or '.join(meant)}?" if meant else message
 
 
 # --- inert text ------------------------------------------------------------------------------------

@@ -319,7 +319,7 @@ def _open_decided(
         if decision is not None and decision.substituted and decision.error is None:
             output = decision.output  # described before the span starts: one SDK call
             prepared.described = (
-                None if output is None else _described(prepared, decision.value, output)
+                None if output is None else _unbilled(_described(prepared, decision.value, output))
             )
         return _open_span(prepared, body=decision is None or not decision.substituted)
     except BaseException as exc:
@@ -397,6 +397,26 @@ def _described(prepared: _Prepared, recorded: Any, payload: Payload | None) -> d
                 )
             return attributes
     return {}
+
+
+_UNBILLED = {
+    k.GEN_AI_USAGE_INPUT_TOKENS: k.USAGE_INPUT_TOKENS,
+    k.GEN_AI_USAGE_OUTPUT_TOKENS: k.USAGE_OUTPUT_TOKENS,
+    k.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: None,
+    k.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: None,
+}
+
+
+def _unbilled(described: dict[str, Any]) -> dict[str, Any]:
+    """A substituted call called no model: its span carries no ``gen_ai.usage.*`` (back-ends
+    bill tokens and cost from them); the recorded usage stays under stepfork's own keys."""
+    kept: dict[str, Any] = {}
+    for key, value in described.items():
+        if key not in _UNBILLED:
+            kept[key] = value
+        elif (own := _UNBILLED[key]) is not None:
+            kept[own] = value
+    return kept
 
 
 def _add_last(attributes: dict[str, Any], more: dict[str, Any]) -> None:

@@ -153,6 +153,19 @@ def check_attributes_kept(span: Span, tracer: object) -> None:
     )
 
 
+def _set_ok_status(span: Span) -> None:
+    """A call or run that succeeded (``stepfork.status`` ok, substituted or live) ends with the
+    status ``OK``, not ``Unset``: stepfork owns the operation, and the convention lets its
+    instrumentation say it succeeded (Phoenix shows Unset spans as neither). A status already set
+    -- ``ERROR`` for an HTTP error the SDK raises for, a stream broken mid-way -- is kept."""
+    attributes = getattr(span, "attributes", None)
+    if attributes is None or attributes.get(k.STATUS) != k.STATUS_OK:
+        return
+    status = getattr(span, "status", None)
+    if status is not None and status.status_code is StatusCode.UNSET:
+        span.set_status(Status(StatusCode.OK))
+
+
 def end_span(span: Span, kept_id: int | None = _ASK) -> None:
     """End a span that stepfork opened, then release its hand-off entry: by then every
     processor has read it (the SDK calls ``on_end`` before ``end`` returns), whether ``on_end``
@@ -161,6 +174,7 @@ def end_span(span: Span, kept_id: int | None = _ASK) -> None:
     if kept_id is _ASK:
         kept_id = HANDOFF.kept_id(span)  # before the end: an ended span is no longer recording
     try:
+        _set_ok_status(span)
         span.end()
     finally:
         if kept_id is not None:

@@ -7,8 +7,9 @@ Always: ``gen_ai.request.*`` parameters, ``gen_ai.response.id``/``model``/``fini
 tokens, the convention's includes them, so they are added), ``error.type`` for an error status.
 Message content (``gen_ai.input.messages``, ``gen_ai.output.messages``,
 ``gen_ai.system_instructions``, ``gen_ai.tool.definitions``) only when
-``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is true (the variable the OTel GenAI
-instrumentations read) and stepfork's own payload capture is on. Streams are folded into the
+``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is ``true``, ``SPAN_ONLY`` or
+``SPAN_AND_EVENT`` (the variable the OTel GenAI instrumentations read, with their values that
+put content on spans) and stepfork's own payload capture is on. Streams are folded into the
 message they delivered. Anything unexpected in a body is skipped: describing a call must never
 fail it.
 """
@@ -37,9 +38,17 @@ _REQUEST_PARAMS = (
 )
 
 
+#: The values of ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` that put content on spans:
+#: the boolean the OTel GenAI instrumentations read, and the modes of their newer releases
+#: (``opentelemetry-util-genai``) that include spans -- so one value turns content on for
+#: stepfork and, say, ``opentelemetry-instrumentation-openai-v2`` alike. ``EVENT_ONLY`` and
+#: ``NO_CONTENT`` put none on spans, and stepfork writes no events.
+_CONTENT_ON_SPANS = frozenset({"true", "1", "yes", "span_only", "span_and_event"})
+
+
 def content_captured() -> bool:
     flag = os.environ.get(k.ENV_CAPTURE_MESSAGE_CONTENT, "").strip().lower()
-    return flag in ("true", "1", "yes") and CONFIG.settings.capture_content
+    return flag in _CONTENT_ON_SPANS and CONFIG.settings.capture_content
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -83,6 +92,16 @@ def _parsed(text: str) -> dict[str, Any]:
 
 def _events(output: dict[str, Any]) -> list[dict[str, Any]]:
     return [_dict(_dict(chunk).get("data")) for chunk in _list(output.get(k.STREAM_CHUNKS))]
+
+
+def _output_message(role: Any, parts: list[dict[str, Any]], reason: Any) -> dict[str, Any]:
+    """One ``gen_ai.output.messages`` entry. A reason the response did not give (a stream cut
+    short, a gateway's reply without one) is left out, never ``null``: Phoenix drops every
+    output message of a span when one has ``"finish_reason": null``."""
+    message: dict[str, Any] = {"role": role, "parts": parts}
+    if isinstance(reason, str):
+        message["finish_reason"] = reason
+    return message
 
 
 def _text_part(text: Any) -> dict[str, Any]:
@@ -361,11 +380,9 @@ def openai_response(body: dict[str, Any], output: dict[str, Any]) -> Summary:
             summary.finish_reasons.append(reason)
         message = _dict(choice.get("message"))
         summary.output_messages.append(
-            {
-                "role": message.get("role", "assistant"),
-                "parts": _openai_message_parts(message),
-                "finish_reason": reason,
-            }
+            _output_message(
+                message.get("role", "assistant"), _openai_message_parts(message), reason
+            )
         )
     parts: list[dict[str, Any]] = []
     for item in _list(result.get("output")):  # Responses
@@ -378,9 +395,7 @@ def openai_response(body: dict[str, Any], output: dict[str, Any]) -> Summary:
         reason = result.get("status")
         if isinstance(reason, str):
             summary.finish_reasons.append(reason)
-        summary.output_messages.append(
-            {"role": "assistant", "parts": parts, "finish_reason": reason}
-        )
+        summary.output_messages.append(_output_message("assistant", parts, reason))
     return summary
 
 
@@ -484,10 +499,8 @@ def anthropic_response(body: dict[str, Any], output: dict[str, Any]) -> Summary:
         summary.finish_reasons.append(reason)
     if "content" in result:
         summary.output_messages.append(
-            {
-                "role": result.get("role", "assistant"),
-                "parts": _anthropic_parts(result.get("content")),
-                "finish_reason": reason,
-            }
+            _output_message(
+                result.get("role", "assistant"), _anthropic_parts(result.get("content")), reason
+            )
         )
     return summary
