@@ -93,7 +93,7 @@ def test_example_agent_over_otlp_imports_equal_to_local_and_replays(
         assert f"{path}: complete" in printed
 
     # the failing run, replayed from what the collector captured, with the CLI from the repo root
-    # (the imported bundles are byte-for-byte the local ones, so they replay the same way)
+    # (the imported bundles load equal to the local ones, so they replay the same way)
     replayed = replay_cli(out / f"{local['failure'].trace_id}.sftrace")
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
     assert "Dependency-call matching: MATCHED" in replayed.stdout
