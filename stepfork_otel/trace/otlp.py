@@ -78,7 +78,7 @@ from typing import IO, Any, TypeAlias
 import orjson
 
 from stepfork_otel import constants as k
-from stepfork_otel.trace import grouping
+from stepfork_otel.trace import foreign, grouping
 from stepfork_otel.trace.conversion import (
     SpanRecord,
     is_stepfork_span,
@@ -855,11 +855,16 @@ class _Assembler:
         self.in_flight -= len(spans)
         report = self.report
         records = list(spans.values())
-        if not any(is_stepfork_span(s) for s in records):
-            report.ignored_traces += 1
-            report.ignored_spans += len(records)
-            return []
         where = f"trace {trace_id}"
+        if not any(is_stepfork_span(s) for s in records):
+            adopted = foreign.adopt(records, self.redactor)  # another instrumentation's spans
+            if adopted is None:
+                report.ignored_traces += 1
+                report.ignored_spans += len(records)
+                return []
+            records = adopted.records
+            for note in adopted.notes:
+                self._problem(where, note)
         if dropped:
             self._problem(
                 where,
