@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,47 +64,54 @@ def run_agent(mode: str, where: Path | str, url: str, prompt: str, out: Path) ->
     return result
 
 
-def import_spans(spans: Path, directory: Path) -> tuple[Path, str]:
-    done = stepfork("import", spans, "-o", directory)
-    assert done.returncode == 0, done.stdout + done.stderr
-    (bundle,) = directory.glob("*.sftrace")
-    return bundle, done.stdout
+@dataclass
+class Traced:
+    live: dict[str, Any]
+    """What the agent did: its answer, the tools it ran, the (now stopped) server's URL."""
+    bundle: Path
+    imported: str
+    """What ``stepfork import spans.jsonl -o bundles`` printed (run where the spans are)."""
 
 
-def traced(tmp_path: Path, *, otlp: bool = False) -> tuple[dict[str, Any], Path, str]:
-    """The agent traced by OpenInference, then imported: (what it did, the bundle, the import's
-    output). The fake server is stopped when this returns."""
+def traced(directory: Path, *, otlp: bool = False) -> Traced:
+    """The agent traced by OpenInference, then imported. The fake server is stopped when this
+    returns."""
+    directory.mkdir(parents=True, exist_ok=True)
+    spans = directory / "spans.jsonl"
     with FakeLLM() as llm:
         if otlp:
-            spans = tmp_path / "received.jsonl"
             with running_receiver(spans) as receiver:
-                live = run_agent(
-                    "trace-otlp", receiver.http_endpoint, llm.openai_url, PROMPT, tmp_path / "l"
-                )
+                where = receiver.http_endpoint
+                live = run_agent("trace-otlp", where, llm.openai_url, PROMPT, directory / "l")
         else:
-            spans = tmp_path / "spans.jsonl"
-            live = run_agent("trace", spans, llm.openai_url, PROMPT, tmp_path / "live.json")
+            live = run_agent("trace", spans, llm.openai_url, PROMPT, directory / "live.json")
         served = len(llm.requests)
-        url = llm.openai_url
+        live["url"] = llm.openai_url
     assert served == 2  # a tool call, then the answer
     assert live["answer"] == "Done: sunny in Paris"
     assert live["tool_ran"] == ["Paris"]
-    live["url"] = url
-    bundle, output = import_spans(spans, tmp_path / "bundles")
-    return live, bundle, output
+    done = stepfork("import", "spans.jsonl", "-o", "bundles", cwd=directory)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (bundle,) = (directory / "bundles").glob("*.sftrace")
+    return Traced(live, bundle, done.stdout)
+
+
+@pytest.fixture(scope="module")
+def by_file(tmp_path_factory: pytest.TempPathFactory) -> Traced:
+    return traced(tmp_path_factory.mktemp("openinference"))
 
 
 @pytest.mark.parametrize("transport", ["file", "otlp"])
 def test_an_openinference_traced_agent_replays_frozen_from_its_imported_spans(
-    tmp_path: Path, transport: str
+    by_file: Traced, tmp_path: Path, transport: str
 ) -> None:
-    live, bundle, output = traced(tmp_path, otlp=transport == "otlp")
-    print(output)
-    assert "complete -- weather-agent, 2 calls, ok" in output
-    assert "1 run imported" in output
-    assert "ignored" not in output
+    run = by_file if transport == "file" else traced(tmp_path, otlp=True)
+    print(run.imported)
+    assert "complete -- weather-agent, 2 calls, ok" in run.imported
+    assert "1 run imported" in run.imported
+    assert "ignored" not in run.imported
 
-    trace = Trace.load(bundle)
+    trace = Trace.load(run.bundle)
     assert trace.complete
     assert trace.created_by == foreign.CREATED_BY_OPENINFERENCE
     assert trace.run.name == "weather-agent"
@@ -122,38 +131,76 @@ def test_an_openinference_traced_agent_replays_frozen_from_its_imported_spans(
     assert answer["headers"] == {"content-type": "application/json"}
     assert answer["body"]["choices"][0]["message"]["content"] == "Done: sunny in Paris"
     # the api key the agent sent is nowhere (OpenInference does not record headers)
-    assert "NOTAREALKEY" not in bundle.read_text()
+    assert "NOTAREALKEY" not in run.bundle.read_text()
 
     # a fresh process, the server stopped: nothing can answer but the bundle
-    replay = run_agent("replay", bundle, live["url"], PROMPT, tmp_path / "replay.json")
+    replay = run_agent("replay", run.bundle, run.live["url"], PROMPT, tmp_path / "replay.json")
     assert "error" not in replay, replay
-    assert replay["answer"] == live["answer"]
+    assert replay["answer"] == run.live["answer"]
     assert replay["calls"] == [["llm", "substituted"], ["llm", "substituted"]]
     assert replay["tool_ran"] == ["Paris"]  # not traced, so it ran (plain Python)
 
 
-def test_replay_reaches_no_server(tmp_path: Path) -> None:
+def test_replay_reaches_no_server(by_file: Traced, tmp_path: Path) -> None:
     """Pointed at a server that is up, the frozen replay sends it nothing (0 requests)."""
-    live, bundle, _ = traced(tmp_path)
     with FakeLLM() as sentinel:
-        replay = run_agent("replay", bundle, sentinel.openai_url, PROMPT, tmp_path / "r.json")
+        replay = run_agent("replay", by_file.bundle, sentinel.openai_url, PROMPT, tmp_path / "r")
         assert len(sentinel.requests) == 0
-    assert replay["answer"] == live["answer"]
+    assert replay["answer"] == by_file.live["answer"]
 
 
-def test_a_different_prompt_diverges_at_the_first_call(tmp_path: Path) -> None:
-    live, bundle, _ = traced(tmp_path)
-    changed = run_agent(
-        "replay", bundle, live["url"], "What is the weather in Rome?", tmp_path / "d.json"
-    )
+def diverged(by_file: Traced, tmp_path: Path) -> dict[str, Any]:
+    url = by_file.live["url"]
+    return run_agent("replay", by_file.bundle, url, "What is the weather in Rome?", tmp_path / "d")
+
+
+def test_a_different_prompt_diverges_at_the_first_call(by_file: Traced, tmp_path: Path) -> None:
+    changed = diverged(by_file, tmp_path)
     print(changed["error"][1])
     name, message = changed["error"]
     assert name == "ReplayMismatchError"
-    assert "call 1" in message or "call-1" in message
-    assert "Rome" in message
-    assert "Paris" in message
+    assert message.startswith("at call 1 of this run: input differs from the recording")
+    assert "What is the weather in Paris?" in message
+    assert "What is the weather in Rome?" in message
     assert changed["calls"][0] == ["llm", "rejected"]
     assert "answer" not in changed
+
+
+# --- the docs' pasted outputs are this test's -----------------------------------------------------
+
+DOCS = ROOT / "docs" / "collectors.md"
+_BLOCK = re.compile(r"<!-- output: (?P<name>[a-z-]+) -->\n```[a-z]*\n(?P<text>.*?)```", re.S)
+
+
+def normalised(text: str) -> str:
+    """Without what differs between runs: ids, durations."""
+    text = re.sub(r"\b[0-9a-f]{32}\b", "<trace id>", text)
+    text = re.sub(r"\b[0-9a-f]{16}\b", "<span id>", text)
+    text = re.sub(r"\b[0-9a-f]{12}…", "<trace id>…", text)
+    return re.sub(r"\d+\.\d ms", "<ms>", text)
+
+
+def docs_block(name: str) -> str:
+    blocks = {m["name"]: m["text"] for m in _BLOCK.finditer(DOCS.read_text(encoding="utf-8"))}
+    return blocks[name]
+
+
+def test_the_outputs_pasted_in_the_docs_are_what_the_commands_print(
+    by_file: Traced, tmp_path: Path
+) -> None:
+    imported = "$ stepfork import spans.jsonl -o bundles\n" + by_file.imported
+    assert normalised(docs_block("openinference-import")) == normalised(imported)
+    shown = stepfork(
+        "show",
+        by_file.bundle.relative_to(by_file.bundle.parent.parent),
+        cwd=by_file.bundle.parent.parent,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert normalised(docs_block("openinference-show")) == normalised(
+        "$ stepfork show bundles/*.sftrace\n" + shown.stdout
+    )
+    name, message = diverged(by_file, tmp_path)["error"]
+    assert normalised(docs_block("openinference-diverged")) == normalised(f"{name}: {message}\n")
 
 
 # --- what the spans could not hold ----------------------------------------------------------------
@@ -299,3 +346,75 @@ def otlp(span: SpanRecord) -> dict[str, Any]:
             {"key": key, "value": {"stringValue": value}} for key, value in span.attributes.items()
         ],
     }
+
+
+def long_conversation(
+    url: str, spans: Path, attribute_limit: int | None = None, hide_messages: bool = False
+) -> None:
+    """A Responses call, then a chat completion of 70 exchanges, traced by OpenInference in
+    this process (the SDK's own attribute count limit, or ``attribute_limit``; OpenInference's
+    per-message attributes, or not with ``hide_messages``)."""
+    import openai
+    from openinference.instrumentation import TraceConfig
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from stepfork_otel.otel.otlp_file import OtlpJsonFileExporter
+
+    instrumentation = installed("openinference.instrumentation.openai").OpenAIInstrumentor()
+    limits = SpanLimits(max_span_attributes=attribute_limit) if attribute_limit else None
+    provider = TracerProvider(span_limits=limits)
+    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileExporter(spans)))
+    config = TraceConfig(hide_input_messages=hide_messages, hide_output_messages=hide_messages)
+    instrumentation.instrument(tracer_provider=provider, config=config)
+    try:
+        client = openai.OpenAI(base_url=url, api_key="sk-test")
+        messages: list[dict[str, str]] = []
+        for n in range(70):
+            messages += [
+                {"role": "user", "content": f"question {n}"},
+                {"role": "assistant", "content": f"answer {n}"},
+            ]
+        messages.append({"role": "user", "content": "and now?"})
+        with provider.get_tracer("chat-app").start_as_current_span("long-chat"):
+            client.responses.create(model="gpt-4o", input="hello", instructions="be brief")
+            client.chat.completions.create(model="gpt-4o", messages=messages)
+    finally:
+        instrumentation.uninstrument()
+        provider.shutdown()
+
+
+def test_a_long_conversation_loses_input_value_to_the_attribute_limit_and_the_import_says_so(
+    tmp_path: Path,
+) -> None:
+    with FakeLLM() as llm:
+        long_conversation(llm.openai_url, tmp_path / "default.jsonl")
+        long_conversation(llm.openai_url, tmp_path / "raised.jsonl", attribute_limit=1000)
+        long_conversation(llm.openai_url, tmp_path / "hidden.jsonl", hide_messages=True)
+
+    done = stepfork("import", "default.jsonl", "-o", "bundles", cwd=tmp_path)
+    print(done.stdout)
+    assert done.returncode == 1
+    assert "complete -- long-chat, 2 calls, ok" in done.stdout
+    assert (
+        "missing call-2: input missing (not_recorded) -- replay stops at this call" in done.stdout
+    )
+    assert (
+        "(ChatCompletion, call 2 of the trace): input missing -- input.value is not on the span "
+        "(the SDK's attribute count limit evicts the oldest attributes first: raise "
+        "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT)" in done.stdout
+    )
+    assert "call-1" not in done.stdout  # the Responses call is whole
+    (bundle,) = (tmp_path / "bundles").glob("*.sftrace")
+    first = Trace.load(bundle).calls[0]
+    assert payload_value(first.input)["url"] == "responses"
+    assert normalised(docs_block("openinference-limit")) == normalised(
+        "$ stepfork import spans.jsonl -o bundles\n" + done.stdout
+    )
+
+    for name in ("raised", "hidden"):  # what the docs advise
+        kept = stepfork("import", f"{name}.jsonl", "-o", name, cwd=tmp_path)
+        assert kept.returncode == 0, kept.stdout
+        (bundle,) = (tmp_path / name).glob("*.sftrace")
+        second = Trace.load(bundle).calls[1]
+        assert len(payload_value(second.input)["body"]["messages"]) == 141

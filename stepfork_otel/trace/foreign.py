@@ -52,6 +52,10 @@ _BODY_FIELD = {"chat/completions": "messages", "responses": "input"}
 #: The response headers an imported response is served with: OpenInference records none, and
 #: the SDK needs the content type to parse the body.
 IMPORTED_RESPONSE_HEADERS: Mapping[str, str] = {"content-type": k.MIME_JSON}
+_EVICTED = (
+    "(the SDK's attribute count limit evicts the oldest attributes first: raise "
+    "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT)"
+)
 #: ``created_by`` of a bundle built from OpenInference spans (the run span's ``SDK_VERSION``).
 CREATED_BY_OPENINFERENCE = f"OpenInference spans, imported by stepfork_otel {__version__}"
 
@@ -114,8 +118,7 @@ def _llm_call(
     payloads: dict[str, Payload] = {}
     if body is None:
         why = (
-            "input.value is not on the span (the SDK's attribute count limit evicts the oldest "
-            "attributes first: raise OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT)"
+            f"input.value is not on the span {_EVICTED}"
             if raw_input is None
             else "input.value is not a JSON request body"
         )
@@ -149,11 +152,12 @@ def _llm_call(
             "chunks the SDK reads; replay stops at this call"
         )
     elif response is None:
-        notes.append(
-            f"{where}: output.value is "
-            + ("not on the span" if k.OUTPUT_VALUE not in attrs else "not a JSON response body")
-            + "; replay stops at this call"
+        why = (
+            f"output.value is not on the span {_EVICTED}"
+            if k.OUTPUT_VALUE not in attrs
+            else "output.value is not a JSON response body"
         )
+        notes.append(f"{where}: result missing -- {why}; replay stops at this call")
     elif span.end_time_unix_nano is not None:
         model_out = response.get("model")
         if isinstance(model_out, str):
