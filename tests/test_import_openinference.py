@@ -29,7 +29,7 @@ from examples.fake_llm import FakeLLM
 from stepfork_otel import Trace
 from stepfork_otel import constants as k
 from stepfork_otel.trace import foreign
-from stepfork_otel.trace.conversion import SpanRecord
+from stepfork_otel.trace.conversion import SpanRecord, spans_to_trace
 from stepfork_otel.trace.models import LlmRequest, LlmResponse, payload_value
 from stepfork_otel.trace.otlp import ImportReport, iter_traces_from_otlp_json
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
@@ -418,3 +418,22 @@ def test_a_long_conversation_loses_input_value_to_the_attribute_limit_and_the_im
         (bundle,) = (tmp_path / name).glob("*.sftrace")
         second = Trace.load(bundle).calls[1]
         assert len(payload_value(second.input)["body"]["messages"]) == 141
+
+
+def test_hostile_bodies_are_named_per_call_and_the_rest_of_the_trace_imports() -> None:
+    deep = '{"model": "gpt-4o", "messages": ' + "[" * 5000 + "]" * 5000 + "}"
+    spans = [
+        oi_span("1" * 16, None, "root", 0),
+        oi_span("2" * 16, "1" * 16, "ChatCompletion", 1, **llm_attrs(**{"input.value": deep})),
+        oi_span("3" * 16, "1" * 16, "ChatCompletion", 2, **llm_attrs(**{"output.value": "[1"})),
+        oi_span("4" * 16, "1" * 16, "ChatCompletion", 3, **llm_attrs()),
+    ]
+    adopted = foreign.adopt(spans, DEFAULT_REDACTOR)
+    assert adopted is not None
+    assert [note.split(" -- ")[0].split(": ", 1)[1] for note in adopted.notes] == [
+        "input missing",
+        "result missing",
+    ]
+    trace = spans_to_trace(adopted.records, redactor=DEFAULT_REDACTOR)
+    assert [call.input is not None for call in trace.calls] == [False, True, True]
+    assert [trace.outcome_of(call) is not None for call in trace.calls] == [True, False, True]

@@ -215,10 +215,15 @@ def adopt(spans: Sequence[SpanRecord], redactor: Redactor) -> Adopted | None:
     }
     notes: list[str] = []
     calls = sorted((s for s in spans if s.span_id in urls), key=_start_order)
-    made = {
-        s.span_id: _llm_call(s, n, urls[s.span_id], redactor, notes)
-        for n, s in enumerate(calls, start=1)
-    }
+    made: dict[str, SpanRecord] = {}
+    for n, span in enumerate(calls, start=1):
+        try:
+            made[span.span_id] = _llm_call(span, n, urls[span.span_id], redactor, notes)
+        except Exception as exc:  # one hostile span never stops the rest of the trace
+            notes.append(
+                f"span {span.span_id} ({span.name}, call {n} of the trace): not read as a call "
+                f"({type(exc).__name__}); kept as context"
+            )
     records = [
         made[s.span_id] if s.span_id in made else _run(s, redactor) if s.span_id in runs else s
         for s in spans
