@@ -56,7 +56,9 @@ is not OTLP trace data, is skipped with a :class:`ImportProblem` naming ``file:l
 ids can still be read in a damaged line are marked incomplete (their bundle says so, with the
 reason); an unreadable line that names no trace id could have held spans of any trace, so it marks
 every run of the import incomplete (the first pass finds such lines, before anything is emitted).
-Traces without any stepfork span are not bundles: they are ignored and counted.
+Traces without any stepfork span are not bundles: they are ignored and counted -- unless another
+instrumentation's spans in them hold calls replay can serve (OpenInference's OpenAI spans, read by
+:mod:`stepfork_otel.trace.foreign` into the same span records before the one conversion).
 """
 
 from __future__ import annotations
