@@ -153,6 +153,15 @@ MIME_JSON: Final = "application/json"
 #: A TOOL span's description (the docstring) and JSON schema of its parameters.
 OI_TOOL_DESCRIPTION: Final = "tool.description"
 OI_TOOL_PARAMETERS: Final = "tool.parameters"
+#: What OpenInference's LLM spans say of the call (read by ``stepfork import``,
+#: ``trace/foreign.py``): the provider (``llm.system`` in older releases), the request's
+#: parameters but the messages (JSON), the response's model and the token counts.
+OI_LLM_PROVIDER: Final = "llm.provider"
+OI_LLM_SYSTEM: Final = "llm.system"
+OI_INVOCATION_PARAMETERS: Final = "llm.invocation_parameters"
+OI_MODEL_NAME: Final = "llm.model_name"
+OI_TOKEN_COUNT_PROMPT: Final = "llm.token_count.prompt"
+OI_TOKEN_COUNT_COMPLETION: Final = "llm.token_count.completion"
 
 #: The attributes of one payload, in this order: text, sha256, size, omitted, preview, and the
 #: OpenInference value and mime type. Written by the boundaries, read by the span -> event

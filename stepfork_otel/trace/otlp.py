@@ -56,7 +56,9 @@ is not OTLP trace data, is skipped with a :class:`ImportProblem` naming ``file:l
 ids can still be read in a damaged line are marked incomplete (their bundle says so, with the
 reason); an unreadable line that names no trace id could have held spans of any trace, so it marks
 every run of the import incomplete (the first pass finds such lines, before anything is emitted).
-Traces without any stepfork span are not bundles: they are ignored and counted.
+Traces without any stepfork span are not bundles: they are ignored and counted -- unless another
+instrumentation's spans in them hold calls replay can serve (OpenInference's OpenAI spans, read by
+:mod:`stepfork_otel.trace.foreign` into the same span records before the one conversion).
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ from typing import IO, Any, TypeAlias
 import orjson
 
 from stepfork_otel import constants as k
-from stepfork_otel.trace import grouping
+from stepfork_otel.trace import foreign, grouping
 from stepfork_otel.trace.conversion import (
     SpanRecord,
     is_stepfork_span,
@@ -855,11 +857,16 @@ class _Assembler:
         self.in_flight -= len(spans)
         report = self.report
         records = list(spans.values())
-        if not any(is_stepfork_span(s) for s in records):
-            report.ignored_traces += 1
-            report.ignored_spans += len(records)
-            return []
         where = f"trace {trace_id}"
+        if not any(is_stepfork_span(s) for s in records):
+            adopted = foreign.adopt(records, self.redactor)  # another instrumentation's spans
+            if adopted is None:
+                report.ignored_traces += 1
+                report.ignored_spans += len(records)
+                return []
+            records = adopted.records
+            for note in adopted.notes:
+                self._problem(where, note)
         if dropped:
             self._problem(
                 where,

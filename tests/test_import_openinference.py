@@ -1,0 +1,439 @@
+"""Replaying a run that only ``openinference-instrumentation-openai`` traced (issue 23, first
+slice): the spans a team already has become a bundle through ``stepfork import``, and the agent
+replays frozen from it through ``instrument_openai()``.
+
+Every step runs as a user runs it: the agent in its own process traced ONLY by OpenInference
+(spans written by ``OtlpJsonFileExporter``, or sent over real OTLP/HTTP to the loopback
+receiver), the ``stepfork import`` command in a subprocess, the replay in a fresh process with the
+fake server stopped. ``tests/foreign_agents.py`` is the agent; its tool is plain Python (no
+OpenInference SDK instrumentation writes tool spans), so it runs live in replay.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_support import stepfork
+from conftest import installed
+from otlp_receiver import running_receiver
+
+from examples.fake_llm import FakeLLM
+from stepfork_otel import Trace
+from stepfork_otel import constants as k
+from stepfork_otel.trace import foreign
+from stepfork_otel.trace.conversion import SpanRecord, spans_to_trace
+from stepfork_otel.trace.models import LlmRequest, LlmResponse, payload_value
+from stepfork_otel.trace.otlp import ImportReport, iter_traces_from_otlp_json
+from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
+
+ROOT = Path(__file__).resolve().parent.parent
+AGENT = Path(__file__).with_name("foreign_agents.py")
+PROMPT = "What is the weather in Paris?"
+
+pytest.importorskip("openai")
+
+
+@pytest.fixture(autouse=True)
+def _openinference() -> None:
+    installed("openinference.instrumentation.openai")
+
+
+def run_agent(mode: str, where: Path | str, url: str, prompt: str, out: Path) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
+    for name in list(env):
+        if name.startswith("OTEL_"):
+            env.pop(name)
+    done = subprocess.run(
+        [sys.executable, str(AGENT), mode, str(where), str(out), url, prompt],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+@dataclass
+class Traced:
+    live: dict[str, Any]
+    """What the agent did: its answer, the tools it ran, the (now stopped) server's URL."""
+    bundle: Path
+    imported: str
+    """What ``stepfork import spans.jsonl -o bundles`` printed (run where the spans are)."""
+
+
+def traced(directory: Path, *, otlp: bool = False) -> Traced:
+    """The agent traced by OpenInference, then imported. The fake server is stopped when this
+    returns."""
+    directory.mkdir(parents=True, exist_ok=True)
+    spans = directory / "spans.jsonl"
+    with FakeLLM() as llm:
+        if otlp:
+            with running_receiver(spans) as receiver:
+                where = receiver.http_endpoint
+                live = run_agent("trace-otlp", where, llm.openai_url, PROMPT, directory / "l")
+        else:
+            live = run_agent("trace", spans, llm.openai_url, PROMPT, directory / "live.json")
+        served = len(llm.requests)
+        live["url"] = llm.openai_url
+    assert served == 2  # a tool call, then the answer
+    assert live["answer"] == "Done: sunny in Paris"
+    assert live["tool_ran"] == ["Paris"]
+    done = stepfork("import", "spans.jsonl", "-o", "bundles", cwd=directory)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (bundle,) = (directory / "bundles").glob("*.sftrace")
+    return Traced(live, bundle, done.stdout)
+
+
+@pytest.fixture(scope="module")
+def by_file(tmp_path_factory: pytest.TempPathFactory) -> Traced:
+    return traced(tmp_path_factory.mktemp("openinference"))
+
+
+@pytest.mark.parametrize("transport", ["file", "otlp"])
+def test_an_openinference_traced_agent_replays_frozen_from_its_imported_spans(
+    by_file: Traced, tmp_path: Path, transport: str
+) -> None:
+    run = by_file if transport == "file" else traced(tmp_path, otlp=True)
+    print(run.imported)
+    assert "complete -- weather-agent, 2 calls, ok" in run.imported
+    assert "1 run imported" in run.imported
+    assert "ignored" not in run.imported
+
+    trace = Trace.load(run.bundle)
+    assert trace.complete
+    assert trace.created_by == foreign.CREATED_BY_OPENINFERENCE
+    assert trace.run.name == "weather-agent"
+    requests = [e for e in trace.events if isinstance(e, LlmRequest)]
+    assert [(r.provider, r.model, r.operation) for r in requests] == [
+        ("openai", "gpt-4o", "chat")
+    ] * 2
+    first = payload_value(requests[0].input)
+    assert first["method"] == "POST"
+    assert first["url"] == "chat/completions"
+    assert first["body"]["messages"][1] == {"role": "user", "content": PROMPT}
+    assert first["body"]["tools"][0]["function"]["name"] == "get_weather"
+    responses = [e for e in trace.events if isinstance(e, LlmResponse)]
+    assert responses[0].usage == {"input_tokens": 11, "output_tokens": 7}
+    answer = payload_value(responses[1].output)
+    assert answer["status"] == 200
+    assert answer["headers"] == {"content-type": "application/json"}
+    assert answer["body"]["choices"][0]["message"]["content"] == "Done: sunny in Paris"
+    # the api key the agent sent is nowhere (OpenInference does not record headers)
+    assert "NOTAREALKEY" not in run.bundle.read_text()
+
+    # a fresh process, the server stopped: nothing can answer but the bundle
+    replay = run_agent("replay", run.bundle, run.live["url"], PROMPT, tmp_path / "replay.json")
+    assert "error" not in replay, replay
+    assert replay["answer"] == run.live["answer"]
+    assert replay["calls"] == [["llm", "substituted"], ["llm", "substituted"]]
+    assert replay["tool_ran"] == ["Paris"]  # not traced, so it ran (plain Python)
+
+
+def test_replay_reaches_no_server(by_file: Traced, tmp_path: Path) -> None:
+    """Pointed at a server that is up, the frozen replay sends it nothing (0 requests)."""
+    with FakeLLM() as sentinel:
+        replay = run_agent("replay", by_file.bundle, sentinel.openai_url, PROMPT, tmp_path / "r")
+        assert len(sentinel.requests) == 0
+    assert replay["answer"] == by_file.live["answer"]
+
+
+def diverged(by_file: Traced, tmp_path: Path) -> dict[str, Any]:
+    url = by_file.live["url"]
+    return run_agent("replay", by_file.bundle, url, "What is the weather in Rome?", tmp_path / "d")
+
+
+def test_a_different_prompt_diverges_at_the_first_call(by_file: Traced, tmp_path: Path) -> None:
+    changed = diverged(by_file, tmp_path)
+    print(changed["error"][1])
+    name, message = changed["error"]
+    assert name == "ReplayMismatchError"
+    assert message.startswith("at call 1 of this run: input differs from the recording")
+    assert "What is the weather in Paris?" in message
+    assert "What is the weather in Rome?" in message
+    assert changed["calls"][0] == ["llm", "rejected"]
+    assert "answer" not in changed
+
+
+# --- the docs' pasted outputs are this test's -----------------------------------------------------
+
+DOCS = ROOT / "docs" / "collectors.md"
+_BLOCK = re.compile(r"<!-- output: (?P<name>[a-z-]+) -->\n```[a-z]*\n(?P<text>.*?)```", re.S)
+
+
+def normalised(text: str) -> str:
+    """Without what differs between runs: ids, durations."""
+    text = re.sub(r"\b[0-9a-f]{32}\b", "<trace id>", text)
+    text = re.sub(r"\b[0-9a-f]{16}\b", "<span id>", text)
+    text = re.sub(r"\b[0-9a-f]{12}…", "<trace id>…", text)
+    return re.sub(r"\d+\.\d ms", "<ms>", text)
+
+
+def docs_block(name: str) -> str:
+    blocks = {m["name"]: m["text"] for m in _BLOCK.finditer(DOCS.read_text(encoding="utf-8"))}
+    return blocks[name]
+
+
+def test_the_outputs_pasted_in_the_docs_are_what_the_commands_print(
+    by_file: Traced, tmp_path: Path
+) -> None:
+    imported = "$ stepfork import spans.jsonl -o bundles\n" + by_file.imported
+    assert normalised(docs_block("openinference-import")) == normalised(imported)
+    shown = stepfork(
+        "show",
+        by_file.bundle.relative_to(by_file.bundle.parent.parent),
+        cwd=by_file.bundle.parent.parent,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert normalised(docs_block("openinference-show")) == normalised(
+        "$ stepfork show bundles/*.sftrace\n" + shown.stdout
+    )
+    name, message = diverged(by_file, tmp_path)["error"]
+    assert normalised(docs_block("openinference-diverged")) == normalised(f"{name}: {message}\n")
+
+
+# --- what the spans could not hold ----------------------------------------------------------------
+
+
+def oi_span(span_id: str, parent: str | None, name: str, start: int, **attrs: Any) -> SpanRecord:
+    return SpanRecord(
+        trace_id="ab" * 16,
+        span_id=span_id,
+        parent_span_id=parent,
+        name=name,
+        start_time_unix_nano=start,
+        end_time_unix_nano=start + 10,
+        status="ok" if name != "root" else "unset",
+        attributes=attrs,
+    )
+
+
+CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+REPLY = {"id": "c1", "object": "chat.completion", "model": "gpt-4o", "choices": []}
+
+
+def llm_attrs(**extra: Any) -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        k.OPENINFERENCE_SPAN_KIND: "LLM",
+        "llm.system": "openai",
+        "input.value": json.dumps(CHAT),
+        "input.mime_type": "application/json",
+        "output.value": json.dumps(REPLY),
+        "output.mime_type": "application/json",
+    }
+    attrs.update(extra)
+    return {key: value for key, value in attrs.items() if value is not None}
+
+
+def test_a_call_without_input_value_is_imported_with_its_input_missing_and_named(
+    tmp_path: Path,
+) -> None:
+    """The SDK's attribute count limit evicted ``input.value`` (and ``llm.system``): the call is
+    still recognised by its name, recorded without an input, and the import says so."""
+    spans = [
+        oi_span("1" * 16, None, "root", 0),
+        oi_span("2" * 16, "1" * 16, "ChatCompletion", 1, **llm_attrs()),
+        oi_span(
+            "3" * 16,
+            "1" * 16,
+            "ChatCompletion",
+            2,
+            **llm_attrs(**{"input.value": None, "llm.system": None}),
+            **{k.OI_INVOCATION_PARAMETERS: '{"model": "gpt-4o-mini"}'},
+        ),
+    ]
+    path = tmp_path / "spans.jsonl"
+    path.write_text(
+        json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [otlp(s) for s in spans]}]}]})
+    )
+    report = ImportReport()
+    (trace,) = iter_traces_from_otlp_json(path, report=report)
+    first, second = trace.calls
+    assert first.input is not None
+    assert second.input is None
+    assert isinstance(second, LlmRequest)
+    assert second.model == "gpt-4o-mini"
+    (problem,) = report.problems
+    assert "call 2 of the trace" in problem.message
+    assert "input missing" in problem.message
+    assert "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT" in problem.message
+
+
+def test_streamed_and_failed_calls_have_no_result_and_are_named() -> None:
+    stream = dict(CHAT, stream=True)
+    spans = [
+        oi_span("1" * 16, None, "root", 0),
+        oi_span(
+            "2" * 16,
+            "1" * 16,
+            "ChatCompletion",
+            1,
+            **llm_attrs(**{"input.value": json.dumps(stream)}),
+        ),
+        SpanRecord(
+            trace_id="ab" * 16,
+            span_id="3" * 16,
+            parent_span_id="1" * 16,
+            name="ChatCompletion",
+            start_time_unix_nano=2,
+            end_time_unix_nano=3,
+            status="error",
+            attributes=llm_attrs(**{"output.value": None}),
+        ),
+    ]
+    adopted = foreign.adopt(spans, DEFAULT_REDACTOR)
+    assert adopted is not None
+    assert [n.split(": ", 1)[1].split(";")[0] for n in adopted.notes] == [
+        "a streamed call",
+        "the call failed",
+    ]
+    for record in adopted.records[1:]:
+        assert k.STATUS not in record.attributes
+        assert k.OUTPUT not in record.payloads
+
+
+def test_spans_of_other_instrumentations_and_stepfork_spans_are_left_alone() -> None:
+    anthropic = oi_span("2" * 16, None, "Message", 1, **llm_attrs(**{"llm.system": "anthropic"}))
+    assert foreign.adopt([anthropic], DEFAULT_REDACTOR) is None
+    plain = oi_span("3" * 16, None, "GET /", 1)
+    assert foreign.adopt([plain], DEFAULT_REDACTOR) is None
+
+
+def test_secrets_in_the_imported_request_are_redacted() -> None:
+    secret = "sk-proj-" + "Q9w8E7r6T5y4U3i2O1p0A9s8D7f6G5h4"
+    body = dict(CHAT, messages=[{"role": "user", "content": f"my key is {secret}"}])
+    spans = [
+        oi_span("1" * 16, None, f"root {secret}", 0),
+        oi_span(
+            "2" * 16,
+            "1" * 16,
+            "ChatCompletion",
+            1,
+            **llm_attrs(**{"input.value": json.dumps(body)}),
+        ),
+    ]
+    adopted = foreign.adopt(spans, DEFAULT_REDACTOR)
+    assert adopted is not None
+    for record in adopted.records:
+        assert secret not in str(record.attributes)
+        assert all(secret not in p.text for p in record.payloads.values())
+
+
+# --- helpers: SpanRecords as OTLP JSON --------------------------------------------------------------
+
+
+def otlp(span: SpanRecord) -> dict[str, Any]:
+    return {
+        "traceId": span.trace_id,
+        "spanId": span.span_id,
+        **({"parentSpanId": span.parent_span_id} if span.parent_span_id else {}),
+        "name": span.name,
+        "startTimeUnixNano": str(span.start_time_unix_nano),
+        "endTimeUnixNano": str(span.end_time_unix_nano),
+        "status": {"code": {"unset": 0, "ok": 1, "error": 2}[span.status]},
+        "attributes": [
+            {"key": key, "value": {"stringValue": value}} for key, value in span.attributes.items()
+        ],
+    }
+
+
+def long_conversation(
+    url: str, spans: Path, attribute_limit: int | None = None, hide_messages: bool = False
+) -> None:
+    """A Responses call, then a chat completion of 70 exchanges, traced by OpenInference in
+    this process (the SDK's own attribute count limit, or ``attribute_limit``; OpenInference's
+    per-message attributes, or not with ``hide_messages``)."""
+    import openai
+    from openinference.instrumentation import TraceConfig
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from stepfork_otel.otel.otlp_file import OtlpJsonFileExporter
+
+    instrumentation = installed("openinference.instrumentation.openai").OpenAIInstrumentor()
+    limits = SpanLimits(max_span_attributes=attribute_limit) if attribute_limit else None
+    provider = TracerProvider(span_limits=limits)
+    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileExporter(spans)))
+    config = TraceConfig(hide_input_messages=hide_messages, hide_output_messages=hide_messages)
+    instrumentation.instrument(tracer_provider=provider, config=config)
+    try:
+        client = openai.OpenAI(base_url=url, api_key="sk-test")
+        messages: list[dict[str, str]] = []
+        for n in range(70):
+            messages += [
+                {"role": "user", "content": f"question {n}"},
+                {"role": "assistant", "content": f"answer {n}"},
+            ]
+        messages.append({"role": "user", "content": "and now?"})
+        with provider.get_tracer("chat-app").start_as_current_span("long-chat"):
+            client.responses.create(model="gpt-4o", input="hello", instructions="be brief")
+            client.chat.completions.create(model="gpt-4o", messages=messages)
+    finally:
+        instrumentation.uninstrument()
+        provider.shutdown()
+
+
+def test_a_long_conversation_loses_input_value_to_the_attribute_limit_and_the_import_says_so(
+    tmp_path: Path,
+) -> None:
+    with FakeLLM() as llm:
+        long_conversation(llm.openai_url, tmp_path / "default.jsonl")
+        long_conversation(llm.openai_url, tmp_path / "raised.jsonl", attribute_limit=1000)
+        long_conversation(llm.openai_url, tmp_path / "hidden.jsonl", hide_messages=True)
+
+    done = stepfork("import", "default.jsonl", "-o", "bundles", cwd=tmp_path)
+    print(done.stdout)
+    assert done.returncode == 1
+    assert "complete -- long-chat, 2 calls, ok" in done.stdout
+    assert (
+        "missing call-2: input missing (not_recorded) -- replay stops at this call" in done.stdout
+    )
+    assert (
+        "(ChatCompletion, call 2 of the trace): input missing -- input.value is not on the span "
+        "(the SDK's attribute count limit evicts the oldest attributes first: raise "
+        "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT)" in done.stdout
+    )
+    assert "call-1" not in done.stdout  # the Responses call is whole
+    (bundle,) = (tmp_path / "bundles").glob("*.sftrace")
+    first = Trace.load(bundle).calls[0]
+    assert payload_value(first.input)["url"] == "responses"
+    assert normalised(docs_block("openinference-limit")) == normalised(
+        "$ stepfork import spans.jsonl -o bundles\n" + done.stdout
+    )
+
+    for name in ("raised", "hidden"):  # what the docs advise
+        kept = stepfork("import", f"{name}.jsonl", "-o", name, cwd=tmp_path)
+        assert kept.returncode == 0, kept.stdout
+        (bundle,) = (tmp_path / name).glob("*.sftrace")
+        second = Trace.load(bundle).calls[1]
+        assert len(payload_value(second.input)["body"]["messages"]) == 141
+
+
+def test_hostile_bodies_are_named_per_call_and_the_rest_of_the_trace_imports() -> None:
+    deep = '{"model": "gpt-4o", "messages": ' + "[" * 5000 + "]" * 5000 + "}"
+    spans = [
+        oi_span("1" * 16, None, "root", 0),
+        oi_span("2" * 16, "1" * 16, "ChatCompletion", 1, **llm_attrs(**{"input.value": deep})),
+        oi_span("3" * 16, "1" * 16, "ChatCompletion", 2, **llm_attrs(**{"output.value": "[1"})),
+        oi_span("4" * 16, "1" * 16, "ChatCompletion", 3, **llm_attrs()),
+    ]
+    adopted = foreign.adopt(spans, DEFAULT_REDACTOR)
+    assert adopted is not None
+    assert [note.split(" -- ")[0].split(": ", 1)[1] for note in adopted.notes] == [
+        "input missing",
+        "result missing",
+    ]
+    trace = spans_to_trace(adopted.records, redactor=DEFAULT_REDACTOR)
+    assert [call.input is not None for call in trace.calls] == [False, True, True]
+    assert [trace.outcome_of(call) is not None for call in trace.calls] == [True, False, True]
