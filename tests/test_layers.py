@@ -5,6 +5,7 @@ interpreter. The ``test_selftest_*`` tests run the checker on a synthetic packag
 
 from __future__ import annotations
 
+import argparse
 import ast
 import os
 import subprocess
@@ -17,7 +18,7 @@ PACKAGE = "stepfork_otel"
 # Names relative to the package: "x" is exactly module x, "x.*" is x and everything under it,
 # "" is the package's own __init__. A module may import only modules of its layer or lower.
 LAYERS: dict[int, tuple[str, ...]] = {
-    0: ("constants", "_version", "_internal"),
+    0: ("constants", "_version", "_internal", "_lazy"),
     1: ("trace.*",),
     2: ("config",),
     3: ("recording.*",),
@@ -242,6 +243,94 @@ def test_recording_boundaries_loads_no_opentelemetry_sdk() -> None:
 def test_trace_loads_no_opentelemetry() -> None:
     names = [m for m in module_files(ROOT / PACKAGE, PACKAGE) if _matches(m, "trace.*", PACKAGE)]
     fail_if(new_modules(sorted(names), "opentelemetry"), "trace/ must load no opentelemetry module")
+
+
+def _loaded_by(code: str) -> list[str]:
+    """The ``stepfork_otel`` and ``opentelemetry`` modules and ``pydantic`` that ``code`` loads
+    in a fresh interpreter (logfire's plugin off, as in :func:`new_modules`)."""
+    __tracebackhide__ = True
+    probe = f"import sys\n{code}\nprint(repr(sorted(sys.modules)))"
+    env = {**os.environ, "PYDANTIC_DISABLE_PLUGINS": "logfire-plugin"}
+    run = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    fail_if([run.stderr.strip()] if run.returncode else [], "the import subprocess failed")
+    loaded: list[str] = ast.literal_eval(run.stdout.strip().splitlines()[-1])
+    return [m for m in loaded if m.startswith((PACKAGE, "opentelemetry")) or m == "pydantic"]
+
+
+def test_trace_canonical_loads_no_other_trace_module() -> None:
+    """The package faces import nothing of their own: canonical JSON is canonical JSON (it was 19
+    stepfork modules when ``trace/__init__`` connected the models to the bundle reader)."""
+    loaded = _loaded_by("import stepfork_otel.trace.canonical")
+    expected = ["constants", "_lazy", "_version", "trace", "trace.canonical"]
+    assert [m for m in loaded if m.startswith(PACKAGE)] == sorted(
+        [PACKAGE, *(f"{PACKAGE}.{name}" for name in expected)]
+    )
+
+
+def test_stepfork_validate_loads_no_opentelemetry_and_help_no_command(tmp_path: Path) -> None:
+    """``stepfork validate`` imports its command only: not replay, recording or OpenTelemetry;
+    ``stepfork --help`` no command and not the models (pydantic builds none)."""
+    from stepfork_otel.trace.models import RunInfo, Trace
+
+    bundle = tmp_path / "layers.sftrace"
+    Trace(trace_id="0" * 32, run=RunInfo(name="layers")).save(bundle)
+    run = "from stepfork_otel.cli import main\nrc = main({})\nassert rc == 0, rc"
+    validate = _loaded_by(run.format(repr(["validate", str(bundle)])))
+    assert f"{PACKAGE}.cli.validate_cmd" in validate
+    unwanted = (f"{PACKAGE}.replay", f"{PACKAGE}.recording", f"{PACKAGE}.otel", "opentelemetry")
+    fail_if([m for m in validate if m.startswith(unwanted)], "stepfork validate loads")
+    help_loads = _loaded_by(run.format("['--help']"))
+    heavy = [m for m in help_loads if m.endswith(("_cmd", ".models", ".bundle"))]
+    fail_if(heavy, "stepfork --help loads")
+
+
+def test_package_faces_are_lazy_and_complete() -> None:
+    """Every package ``__init__`` with re-exports keeps to ``_lazy``: ``_EXPORTS`` names exactly
+    ``__all__`` (but ``__version__``), the TYPE_CHECKING block imports exactly those names from
+    exactly those modules, and each name resolves."""
+    import importlib
+
+    problems: list[str] = []
+    for name, path in module_files(ROOT / PACKAGE, PACKAGE).items():
+        if path.name != "__init__.py" or not (tree := ast.parse(path.read_text("utf-8"))):
+            continue
+        checking = _type_checking_nodes(tree)
+        declared = {
+            alias.asname or alias.name: node.module
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and id(node) in checking
+            for alias in node.names
+        }
+        module = importlib.import_module(name)
+        exports: dict[str, str] = getattr(module, "_EXPORTS", {})
+        public = set(getattr(module, "__all__", [])) - {"__version__"}
+        if exports and (declared != exports or set(exports) != public):
+            problems.append(f"{name}: _EXPORTS, __all__ and the TYPE_CHECKING imports differ")
+        problems += [f"{name}.{n} does not resolve" for n in exports if not hasattr(module, n)]
+        if name != f"{PACKAGE}.cli" and not exports and (declared or public):
+            problems.append(f"{name}: re-exports without _EXPORTS")
+    fail_if(problems, "package faces")
+
+
+def test_cli_help_lines_are_the_commands_own() -> None:
+    """The names and help lines ``stepfork --help`` shows without importing the commands are the
+    ones their modules register."""
+    from stepfork_otel import cli
+
+    def listing(parser: argparse.ArgumentParser) -> list[tuple[str, str | None]]:
+        actions = [a for a in parser._actions if a.dest == "command"]
+        return [(c.dest, c.help) for a in actions for c in a._choices_actions]
+
+    lazy, full = cli.build_parser(), cli.build_parser(list(cli.COMMANDS))
+    assert listing(lazy) == listing(full) == [(n, h) for n, (_, h) in cli.COMMANDS.items()]
+    assert lazy.format_help() == full.format_help()
 
 
 # --- self-tests on a synthetic package laid out like the real layers ----------------------------
