@@ -275,14 +275,18 @@ def test_trace_canonical_loads_no_other_trace_module() -> None:
 
 
 def test_stepfork_validate_loads_no_opentelemetry_and_help_no_command(tmp_path: Path) -> None:
-    """``stepfork validate`` imports its command only: not replay, recording or OpenTelemetry;
-    ``stepfork --help`` no command and not the models (pydantic builds none)."""
+    """``stepfork validate`` imports its command only: not replay, recording or OpenTelemetry (and
+    builds no redactor); ``stepfork --help`` no command and not the models (pydantic builds none)."""
     from stepfork_otel.trace.models import RunInfo, Trace
 
     bundle = tmp_path / "layers.sftrace"
     Trace(trace_id="0" * 32, run=RunInfo(name="layers")).save(bundle)
     run = "from stepfork_otel.cli import main\nrc = main({})\nassert rc == 0, rc"
-    validate = _loaded_by(run.format(repr(["validate", str(bundle)])))
+    unbuilt = (  # reading needs no redactor: the default one is built on first use
+        "\nfrom stepfork_otel.trace.redaction import engine"
+        "\nassert 'DEFAULT_REDACTOR' not in vars(engine), 'the default redactor was built'"
+    )
+    validate = _loaded_by(run.format(repr(["validate", str(bundle)])) + unbuilt)
     assert f"{PACKAGE}.cli.validate_cmd" in validate
     unwanted = (f"{PACKAGE}.replay", f"{PACKAGE}.recording", f"{PACKAGE}.otel", "opentelemetry")
     fail_if([m for m in validate if m.startswith(unwanted)], "stepfork validate loads")
