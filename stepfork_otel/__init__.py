@@ -9,9 +9,9 @@ API is used.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
+from stepfork_otel import _lazy
 from stepfork_otel._version import __version__
 
 if TYPE_CHECKING:
@@ -104,12 +104,7 @@ _EXPORTS: dict[str, str] = {
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'stepfork_otel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+    return _lazy.attribute(__name__, _EXPORTS, name)
 
 
 def __dir__() -> list[str]:

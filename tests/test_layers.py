@@ -5,6 +5,7 @@ interpreter. The ``test_selftest_*`` tests run the checker on a synthetic packag
 
 from __future__ import annotations
 
+import argparse
 import ast
 import os
 import subprocess
@@ -17,7 +18,7 @@ PACKAGE = "stepfork_otel"
 # Names relative to the package: "x" is exactly module x, "x.*" is x and everything under it,
 # "" is the package's own __init__. A module may import only modules of its layer or lower.
 LAYERS: dict[int, tuple[str, ...]] = {
-    0: ("constants", "_version", "_internal"),
+    0: ("constants", "_version", "_internal", "_lazy"),
     1: ("trace.*",),
     2: ("config",),
     3: ("recording.*",),
@@ -44,13 +45,38 @@ def module_files(package_dir: Path, package_name: str) -> dict[str, Path]:
     return modules
 
 
-def build_graph(package_dir: Path, package_name: str) -> Graph:
-    """The import graph: edges to names inside the package only, no self-edges."""
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """The ids of the nodes inside ``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``) blocks."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If):
+            continue
+        test = node.test
+        if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+            isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+        ):
+            inside |= {id(sub) for stmt in node.body for sub in ast.walk(stmt)}
+    return inside
+
+
+def build_graph(package_dir: Path, package_name: str, *, run_time: bool = False) -> Graph:
+    """The import graph: edges to names inside the package only, no self-edges.
+
+    By default every import statement is an edge to what it names (module level, in a function,
+    under ``if TYPE_CHECKING:``): the layer rules. With ``run_time=True`` it is the graph of what
+    importing a module runs, the one cycles are looked for in: an import of ``a.b.c`` is also an
+    edge to ``a`` and ``a.b`` (Python runs every enclosing package's ``__init__`` first, the
+    importer's own package included), and a package ``__init__``'s ``if TYPE_CHECKING:`` imports
+    of its own modules are left out -- they are what a type checker sees of its PEP 562
+    re-exports, which import nothing until a name is used, after the package has been imported.
+    """
     modules = module_files(package_dir, package_name)
     graph: Graph = {}
     for importer, path in modules.items():
         edges = graph.setdefault(importer, {})
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        skipped = _type_checking_nodes(tree) if run_time and path.name == "__init__.py" else set()
+        for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -63,6 +89,12 @@ def build_graph(package_dir: Path, package_name: str) -> Graph:
                 targets = [sub if sub in modules else base for sub in subs]
             else:
                 continue
+            if id(node) in skipped and all(t.startswith(importer + ".") for t in targets):
+                continue
+            if run_time:  # the enclosing packages first
+                targets = [
+                    ".".join(t.split(".")[:n]) for t in targets for n in range(1, t.count(".") + 2)
+                ]
             for target in targets:
                 inside = target == package_name or target.startswith(package_name + ".")
                 if inside and target != importer:
@@ -193,8 +225,9 @@ def test_every_module_has_a_layer() -> None:
 
 
 def test_no_import_cycles() -> None:
-    graph = build_graph(ROOT / PACKAGE, PACKAGE)
-    fail_if(describe_cycles(graph, import_cycles(graph)), "import cycles")
+    graph = build_graph(ROOT / PACKAGE, PACKAGE, run_time=True)
+    header = "import cycles (an import of a.b runs a/__init__ first: an edge to the package)"
+    fail_if(describe_cycles(graph, import_cycles(graph)), header)
 
 
 def test_no_upward_or_forbidden_imports() -> None:
@@ -212,10 +245,102 @@ def test_trace_loads_no_opentelemetry() -> None:
     fail_if(new_modules(sorted(names), "opentelemetry"), "trace/ must load no opentelemetry module")
 
 
+def _loaded_by(code: str) -> list[str]:
+    """The ``stepfork_otel`` and ``opentelemetry`` modules and ``pydantic`` that ``code`` loads
+    in a fresh interpreter (logfire's plugin off, as in :func:`new_modules`)."""
+    __tracebackhide__ = True
+    probe = f"import sys\n{code}\nprint(repr(sorted(sys.modules)))"
+    env = {**os.environ, "PYDANTIC_DISABLE_PLUGINS": "logfire-plugin"}
+    run = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    fail_if([run.stderr.strip()] if run.returncode else [], "the import subprocess failed")
+    loaded: list[str] = ast.literal_eval(run.stdout.strip().splitlines()[-1])
+    return [m for m in loaded if m.startswith((PACKAGE, "opentelemetry")) or m == "pydantic"]
+
+
+def test_trace_canonical_loads_no_other_trace_module() -> None:
+    """The package faces import nothing of their own: canonical JSON is canonical JSON (it was 19
+    stepfork modules when ``trace/__init__`` connected the models to the bundle reader)."""
+    loaded = _loaded_by("import stepfork_otel.trace.canonical")
+    expected = ["constants", "_lazy", "_version", "trace", "trace.canonical"]
+    assert [m for m in loaded if m.startswith(PACKAGE)] == sorted(
+        [PACKAGE, *(f"{PACKAGE}.{name}" for name in expected)]
+    )
+
+
+def test_stepfork_validate_loads_no_opentelemetry_and_help_no_command(tmp_path: Path) -> None:
+    """``stepfork validate`` imports its command only: not replay, recording or OpenTelemetry (and
+    builds no redactor); ``stepfork --help`` no command and not the models (pydantic builds none)."""
+    from stepfork_otel.trace.models import RunInfo, Trace
+
+    bundle = tmp_path / "layers.sftrace"
+    Trace(trace_id="0" * 32, run=RunInfo(name="layers")).save(bundle)
+    run = "from stepfork_otel.cli import main\nrc = main({})\nassert rc == 0, rc"
+    unbuilt = (  # reading needs no redactor: the default one is built on first use
+        "\nfrom stepfork_otel.trace.redaction import engine"
+        "\nassert 'DEFAULT_REDACTOR' not in vars(engine), 'the default redactor was built'"
+    )
+    validate = _loaded_by(run.format(repr(["validate", str(bundle)])) + unbuilt)
+    assert f"{PACKAGE}.cli.validate_cmd" in validate
+    unwanted = (f"{PACKAGE}.replay", f"{PACKAGE}.recording", f"{PACKAGE}.otel", "opentelemetry")
+    fail_if([m for m in validate if m.startswith(unwanted)], "stepfork validate loads")
+    help_loads = _loaded_by(run.format("['--help']"))
+    heavy = [m for m in help_loads if m.endswith(("_cmd", ".models", ".bundle"))]
+    fail_if(heavy, "stepfork --help loads")
+
+
+def test_package_faces_are_lazy_and_complete() -> None:
+    """Every package ``__init__`` with re-exports keeps to ``_lazy``: ``_EXPORTS`` names exactly
+    ``__all__`` (but ``__version__``), the TYPE_CHECKING block imports exactly those names from
+    exactly those modules, and each name resolves."""
+    import importlib
+
+    problems: list[str] = []
+    for name, path in module_files(ROOT / PACKAGE, PACKAGE).items():
+        if path.name != "__init__.py" or not (tree := ast.parse(path.read_text("utf-8"))):
+            continue
+        checking = _type_checking_nodes(tree)
+        declared = {
+            alias.asname or alias.name: node.module
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and id(node) in checking
+            for alias in node.names
+        }
+        module = importlib.import_module(name)
+        exports: dict[str, str] = getattr(module, "_EXPORTS", {})
+        public = set(getattr(module, "__all__", [])) - {"__version__"}
+        if exports and (declared != exports or set(exports) != public):
+            problems.append(f"{name}: _EXPORTS, __all__ and the TYPE_CHECKING imports differ")
+        problems += [f"{name}.{n} does not resolve" for n in exports if not hasattr(module, n)]
+        if name != f"{PACKAGE}.cli" and not exports and (declared or public):
+            problems.append(f"{name}: re-exports without _EXPORTS")
+    fail_if(problems, "package faces")
+
+
+def test_cli_help_lines_are_the_commands_own() -> None:
+    """The names and help lines ``stepfork --help`` shows without importing the commands are the
+    ones their modules register."""
+    from stepfork_otel import cli
+
+    def listing(parser: argparse.ArgumentParser) -> list[tuple[str, str | None]]:
+        actions = [a for a in parser._actions if a.dest == "command"]
+        return [(c.dest, c.help) for a in actions for c in a._choices_actions]
+
+    lazy, full = cli.build_parser(), cli.build_parser(list(cli.COMMANDS))
+    assert listing(lazy) == listing(full) == [(n, h) for n, (_, h) in cli.COMMANDS.items()]
+    assert lazy.format_help() == full.format_help()
+
+
 # --- self-tests on a synthetic package laid out like the real layers ----------------------------
 
 BASE: dict[str, str] = {  # no violation: each self-test adds files and expects exact findings
-    "__init__.py": "from pkg.trace import models\n",
+    "__init__.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.trace import models\n",
     "constants.py": "",
     "trace/__init__.py": "",
     "trace/models.py": "from pkg.constants import X\n",
@@ -227,12 +352,12 @@ BASE: dict[str, str] = {  # no violation: each self-test adds files and expects 
 }
 
 
-def fake_graph(tmp_path: Path, extra: dict[str, str]) -> Graph:
+def fake_graph(tmp_path: Path, extra: dict[str, str], *, run_time: bool = False) -> Graph:
     """The graph of BASE plus extra files (path inside the package -> source)."""
     for rel, text in {**BASE, **extra}.items():
         (tmp_path / "pkg" / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "pkg" / rel).write_text(text, encoding="utf-8")
-    return build_graph(tmp_path / "pkg", "pkg")
+    return build_graph(tmp_path / "pkg", "pkg", run_time=run_time)
 
 
 def test_selftest_upward_import_in_function_is_reported(tmp_path: Path) -> None:
@@ -275,6 +400,52 @@ def test_selftest_cycle_is_reported(tmp_path: Path) -> None:
     ]
 
 
+def test_selftest_base_has_no_run_time_cycle(tmp_path: Path) -> None:
+    graph = fake_graph(tmp_path, {}, run_time=True)
+    assert graph["pkg.recording.contract"] == {"pkg": 1, "pkg.trace": 1, "pkg.trace.models": 1}
+    assert graph["pkg"] == {}  # a face's TYPE_CHECKING re-exports run nothing
+    assert import_cycles(graph) == []
+
+
+def test_selftest_cycle_through_a_package_init_is_reported(tmp_path: Path) -> None:
+    """The face imports a module that imports a sibling: importing the sibling runs the face
+    first -- a cycle the plain graph (edges to what each statement names) does not have."""
+    eager_face = {
+        "trace/__init__.py": "from pkg.trace import bundle\n",
+        "trace/bundle.py": "\nfrom pkg.trace.models import Thing\n",
+    }
+    assert import_cycles(fake_graph(tmp_path, eager_face)) == []
+    graph = fake_graph(tmp_path, eager_face, run_time=True)
+    components = import_cycles(graph)
+    assert components == [["pkg.trace", "pkg.trace.bundle"]]
+    assert describe_cycles(graph, components) == [
+        "cycle between pkg.trace, pkg.trace.bundle:",
+        "  pkg.trace -> pkg.trace.bundle (line 1)",
+        "  pkg.trace.bundle -> pkg.trace (line 2)",
+    ]
+
+
+def test_selftest_function_level_cycle_is_reported(tmp_path: Path) -> None:
+    lazy = {
+        "trace/models.py": "class T:\n    def load(self):\n        from pkg.trace import bundle\n",
+        "trace/bundle.py": "from pkg.trace.models import T\n",
+    }
+    components = import_cycles(fake_graph(tmp_path, lazy, run_time=True))
+    assert components == [["pkg.trace.bundle", "pkg.trace.models"]]
+
+
+def test_selftest_type_checking_cycle_outside_a_face_is_reported(tmp_path: Path) -> None:
+    """Only a package ``__init__``'s TYPE_CHECKING imports of its own modules are left out."""
+    checking = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.trace import b\n"
+    cyclic = {"trace/a.py": checking, "trace/b.py": "from pkg.trace import a\n"}
+    components = import_cycles(fake_graph(tmp_path, cyclic, run_time=True))
+    assert components == [["pkg.trace.a", "pkg.trace.b"]]
+    upward = {"trace/__init__.py": checking.replace("pkg.trace import b", "pkg import recording")}
+    graph = fake_graph(tmp_path, {**upward, "recording/__init__.py": "import pkg.trace.models\n"})
+    assert graph["pkg.trace"] == {"pkg.recording": 3}  # not its own module: kept, and a cycle
+    assert import_cycles(fake_graph(tmp_path, {}, run_time=True)) != []
+
+
 def test_selftest_type_checking_and_relative_imports_are_detected(tmp_path: Path) -> None:
     checking = (
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..replay import session\n"
@@ -285,7 +456,7 @@ def test_selftest_type_checking_and_relative_imports_are_detected(tmp_path: Path
     assert graph["pkg.replay"] == {"pkg.replay.session": 1, "pkg": 2}
     assert graph["pkg.recording.contract"] == {"pkg.trace.models": 1}
     assert graph["pkg.recording.boundaries"] == {"pkg.recording.contract": 1}
-    assert graph["pkg"] == {"pkg.trace.models": 1}
+    assert graph["pkg"] == {"pkg.trace.models": 3}
     assert layer_violations(graph, "pkg") == [
         "pkg.recording.run -> pkg.replay.session (line 3): upward import L3 -> L4",
         "pkg.replay -> pkg (line 2): upward import L4 -> L5",

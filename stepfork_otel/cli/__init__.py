@@ -2,8 +2,11 @@
 ``import``.
 
 Each command is one module with ``add_parser(subparsers)`` and ``run(args) -> int``; ``main``
-builds the parser from the list of those modules, so a command is added by writing its module and
-naming it here. Errors are handled once, here: a :class:`~stepfork_otel.cli._common.CliError` (or
+builds the parser from :data:`COMMANDS`, so a command is added by writing its module and naming it
+there. Only the module of the command being run is imported (``stepfork validate`` loads neither
+the replay machinery nor OpenTelemetry; ``stepfork --help`` loads no command): the others appear in
+the parser by name and help line only (``tests/test_layers.py`` checks those lines are the ones the
+modules register). Errors are handled once, here: a :class:`~stepfork_otel.cli._common.CliError` (or
 a bundle that cannot be read) is one line on stderr and exit 2; a traceback only with
 ``--verbose``. argparse is used (not click or rich): the command must not add dependencies.
 
@@ -16,31 +19,39 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import os
 import re
 import sys
 import traceback
-from collections.abc import Iterator
-from types import ModuleType
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any, NoReturn, TextIO
 
-from stepfork_otel.cli import (
-    diff_cmd,
-    export_cmd,
-    import_cmd,
-    redaction_cmd,
-    replay_cmd,
-    show_cmd,
-    validate_cmd,
-)
 from stepfork_otel.cli._common import EXIT_BAD_INPUT, EXIT_OK, CliError, print_error, styled_line
 from stepfork_otel.trace.errors import BundleError
 
+#: Every command, in the order ``stepfork --help`` lists them: its module (under ``cli/``) and the
+#: line ``stepfork --help`` shows for it (the module's own ``help=``, kept equal by a test).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "replay": ("replay_cmd", "re-run an entrypoint against a recorded bundle and compare"),
+    "validate": (
+        "validate_cmd",
+        "check bundles: schema, structure, and (optionally) every fingerprint",
+    ),
+    "export": ("export_cmd", "turn a recorded run into a regression test"),
+    "show": ("show_cmd", "print a recorded run as a tree of calls"),
+    "diff": ("diff_cmd", "the first point where two recorded runs differ"),
+    "import": ("import_cmd", "rebuild .sftrace bundles from OTLP JSON a collector captured"),
+    "redaction-rules": ("redaction_cmd", "list the active redaction rules, with their family"),
+    "redact": ("redaction_cmd", "show what recording keeps of a text, and which rules fired"),
+}
 
-def command_modules() -> list[ModuleType]:
-    """The command modules, in the order ``stepfork --help`` lists them."""
-    return [replay_cmd, validate_cmd, export_cmd, show_cmd, diff_cmd, import_cmd, redaction_cmd]
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` runs: its first word that is not an option (the top-level options take
+    no value), or None."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,7 +61,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Collection[str] = ()) -> argparse.ArgumentParser:
+    """The parser; the modules of ``commands`` are imported and add their own (full) parsers,
+    every other command is its name and help line."""
     from stepfork_otel import __version__
 
     parser = _Parser(
@@ -59,11 +72,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"stepfork_otel {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in command_modules():
+    wanted = {COMMANDS[name][0] for name in commands if name in COMMANDS}
+    for name, (module_name, line) in COMMANDS.items():
+        if name in subparsers.choices:  # added with another command of its module
+            continue
+        if module_name not in wanted:
+            subparsers.add_parser(name, help=line, add_help=False)
+            continue
+        module = importlib.import_module(f"{__name__}.{module_name}")
         before = set(subparsers.choices)
         module.add_parser(subparsers)
-        for name in set(subparsers.choices) - before:
-            subparsers.choices[name].set_defaults(_run=module.run)
+        for added in set(subparsers.choices) - before:
+            subparsers.choices[added].set_defaults(_run=module.run)
     return parser
 
 
@@ -130,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    command = command_of(argv)
+    parser = build_parser([command] if command is not None else [])
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, usage errors

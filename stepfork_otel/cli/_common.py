@@ -33,13 +33,16 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from stepfork_otel.replay.report import abbreviate_in_text
-from stepfork_otel.trace.bundle import load_trace
 from stepfork_otel.trace.canonical import canonical_json, short_fingerprint
 from stepfork_otel.trace.errors import BundleError
-from stepfork_otel.trace.models import CallEvent, LlmRequest, Trace, payload_value
+
+if TYPE_CHECKING:
+    from stepfork_otel.trace.models import CallEvent, Trace
+
+# The bundle reader, the models and the replay report are imported where they are used: every
+# command imports this module, and ``stepfork --help`` or a usage error should not load them.
 
 #: Completed and matched / same / valid.
 EXIT_OK = 0
@@ -160,6 +163,8 @@ def print_note(message: str) -> None:
 def load_bundle(path: str | os.PathLike[str]) -> Trace:
     """Load and structurally validate a bundle; any failure becomes a one-line :class:`CliError`
     naming the file (missing, directory, not a bundle, truncated, newer format version, ...)."""
+    from stepfork_otel.trace.bundle import load_trace
+
     try:
         return load_trace(path)
     except BundleError as exc:
@@ -172,7 +177,10 @@ def abbreviate(fingerprint: str | None, verbose: bool = False) -> str:
 
 
 def abbreviate_in_data(data: Any, verbose: bool = False) -> Any:
-    """:func:`abbreviate_in_text` applied to every string of a JSON-ready structure."""
+    """:func:`~stepfork_otel.replay.report.abbreviate_in_text` applied to every string of a
+    JSON-ready structure."""
+    from stepfork_otel.replay.report import abbreviate_in_text
+
     if verbose:
         return data
     if isinstance(data, str):
@@ -379,6 +387,8 @@ def recorded_arguments(trace: Trace) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """How the entrypoint is called with the recorded run input: no arguments when none was
     recorded, keyword arguments when it is a JSON object, else the value as the one positional
     argument. The input is the *redacted* one: a secret in it comes back as its marker."""
+    from stepfork_otel.trace.models import payload_value
+
     run = trace.run
     if run.input is None:
         if run.input_missing is not None or run.input_sha256 is not None:
@@ -425,6 +435,8 @@ def call_text(spec: str, args: tuple[Any, ...], kwargs: dict[str, Any], limit: i
 def call_input_text(call: CallEvent) -> str | None:
     """What to preview of a call's input. A chat request repeats the whole conversation on every
     call, so its preview shows the message count and the *last* message: the part that changed."""
+    from stepfork_otel.trace.models import LlmRequest, payload_value
+
     if not isinstance(call, LlmRequest) or call.input is None:
         return call.input
     value = payload_value(call.input)

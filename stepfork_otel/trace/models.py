@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Callable, Iterable, Iterator
-from typing import Annotated, Any, Literal, NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -224,22 +224,33 @@ class Trace(_Model):
     captured: list[CapturedRead] = []
     """Clock, randomness, uuid and environment reads of the run, in order."""
 
-    # -- bundle IO: thin delegates (see :class:`TraceIO`) ----------------------------------------
+    # -- bundle IO: thin delegates -----------------------------------------------------------
+    # ``trace/bundle.py`` and ``trace/otlp.py`` import this module, so it cannot import them: the
+    # implementations are looked up on call in the package face ``stepfork_otel.trace`` (a PEP 562
+    # name there, imported when first used). No import of this module loads them.
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Trace:
-        """Load and validate a bundle. Raises :class:`~stepfork_otel.trace.errors.BundleError`."""
-        return _io().load(path)
+        """Load and validate a bundle (:func:`stepfork_otel.trace.bundle.load_trace`). Raises
+        :class:`~stepfork_otel.trace.errors.BundleError`."""
+        from stepfork_otel.trace import load_trace
+
+        return load_trace(path)
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the bundle atomically (temporary file + rename)."""
-        _io().save(self, path)
+        """Write the bundle atomically, temporary file + rename
+        (:func:`stepfork_otel.trace.bundle.save_trace`)."""
+        from stepfork_otel.trace import save_trace
+
+        save_trace(self, path)
 
     @classmethod
     def from_otlp_json(cls, source: Any, trace_id: str | None = None) -> Trace:
         """Rebuild a bundle from OTLP JSON as a collector's file exporter wrote it (see
         :func:`stepfork_otel.trace.otlp.trace_from_otlp_json`)."""
-        return _io().from_otlp_json(source, trace_id)
+        from stepfork_otel.trace import trace_from_otlp_json
+
+        return trace_from_otlp_json(source, trace_id)
 
     # -- views -----------------------------------------------------------------------------------
 
@@ -360,33 +371,6 @@ def payload_value(text: str | None) -> Any:
     """The JSON value of a stored payload (None when absent). Integers beyond 64 bits stay
     exact (orjson would read them as floats; the stdlib parser keeps them)."""
     return None if text is None else canonical_loads(text)
-
-
-class TraceIO(NamedTuple):
-    """Where :meth:`Trace.load`, :meth:`Trace.save` and :meth:`Trace.from_otlp_json` go.
-
-    The models are data: reading and writing bundles (``trace/bundle.py``) and the OTLP import
-    (``trace/otlp.py``) are modules of their own that import this one, so this one cannot import
-    them back. The package ``stepfork_otel.trace`` fills this in when it is imported -- which
-    happens before any of its modules is -- so the methods are always there for users."""
-
-    load: Callable[[str | os.PathLike[str]], Trace]
-    save: Callable[[Trace, str | os.PathLike[str]], object]
-    from_otlp_json: Callable[[Any, str | None], Trace]
-
-
-_trace_io: list[TraceIO] = []
-
-
-def provide_io(io: TraceIO) -> None:
-    """Set the implementations behind the I/O methods of :class:`Trace` (the package does)."""
-    _trace_io[:] = [io]
-
-
-def _io() -> TraceIO:
-    if not _trace_io:  # pragma: no cover - the package __init__ always provides it
-        raise RuntimeError("stepfork_otel.trace was not initialised")
-    return _trace_io[0]
 
 
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
