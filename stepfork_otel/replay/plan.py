@@ -10,6 +10,14 @@ concurrent code: two tasks started together record ``A, B, A's inner call``, so 
 not contiguous. Skipping the descendants of a substituted call therefore marks them, and the
 cursor moves to the next call still pending.
 
+Which recorded calls may be matched next is the :class:`Frontier`. Calls recorded one after the
+other (one had ended before the next started) are matched in that order; calls that were open
+together under one parent -- siblings whose spans overlapped, ``a`` started before ``b`` ended and
+``b`` before ``a`` ended -- are matched by their inputs, in whatever order the replayed code starts
+them (task scheduling is not part of the recording). The rule is pairwise: a recorded call may be
+matched once every earlier sibling that had *ended* before it started is settled (matched, and its
+body finished or skipped). For sequential code that is exactly the one call under the cursor.
+
 Pairing a call with its outcome is :func:`~stepfork_otel.trace.models.pair_outcomes`: by
 ``parent_id``, or the documented legacy rule for bundles without parent links. A call with no
 outcome is a call with a *missing* result: replay raises at it rather than inventing one.
@@ -55,6 +63,16 @@ class RecordedCall:
     """``pending`` (not reached yet), ``consumed`` (matched: substituted or executed), ``skipped``
     (inside a substituted call, whose body did not run) or ``not_reached`` (inside an executed
     call whose body did not make it)."""
+    start_ns: int = 0
+    """When the call started in the recorded run (``time_unix_nano`` of the call event)."""
+    end_ns: int = 0
+    """When it ended (its outcome's time); its start when it has no outcome, so that a call
+    without one is never taken for a concurrent one."""
+    concurrent: bool = False
+    """The call overlapped at least one sibling (same parent) in the recorded run."""
+    settled: bool = False
+    """Done with, for the order of its siblings: matched and substituted, an executed body that
+    ended, or a call skipped or not reached inside one."""
 
     @property
     def kind(self) -> str:
@@ -118,9 +136,98 @@ def build_plan(trace: Trace) -> list[RecordedCall]:
             rc.fingerprint_source = COMPUTED_FROM_TRACE
         else:
             rc.input_sha256 = event.input_sha256
+        rc.start_ns = event.time_unix_nano
+        end = rc.outcome.time_unix_nano if rc.outcome is not None else 0
+        rc.end_ns = max(rc.start_ns, end)
         calls.append(rc)
         by_id[event.id] = rc
+    for siblings in sibling_lists(calls).values():
+        _mark_concurrent(calls, siblings)
     return calls
+
+
+def overlapped(a: RecordedCall, b: RecordedCall) -> bool:
+    """``a`` and ``b`` were open together in the recorded run (strictly: a call that ended at the
+    instant the other started did not overlap it; calls without times never overlap)."""
+    return a.start_ns < b.end_ns and b.start_ns < a.end_ns
+
+
+def sibling_lists(plan: list[RecordedCall]) -> dict[int | None, list[int]]:
+    """The plan indexes of each parent's calls (``None``: run level), in start order."""
+    lists: dict[int | None, list[int]] = {}
+    for rc in plan:
+        lists.setdefault(rc.parent, []).append(rc.index)
+    return lists
+
+
+def _mark_concurrent(plan: list[RecordedCall], siblings: list[int]) -> None:
+    """Mark the siblings that overlapped another: a sweep in start order, where a call that
+    starts before the latest end so far overlaps the call that ends then."""
+    latest: RecordedCall | None = None
+    for index in siblings:
+        rc = plan[index]
+        if latest is not None and overlapped(latest, rc):
+            rc.concurrent = latest.concurrent = True
+        if latest is None or rc.end_ns > latest.end_ns:
+            latest = rc
+
+
+class Frontier:
+    """The pending recorded calls that may be matched next, per parent (see the module
+    docstring for the rule). Each parent's siblings are kept in start order with a pointer
+    structure that jumps over settled ones, so finding the calls in flight costs the number of
+    unsettled calls looked at -- one for sequential code -- not the length of the plan."""
+
+    __slots__ = ("_jump", "_lists", "_plan", "_position")
+
+    def __init__(self, plan: list[RecordedCall]) -> None:
+        self._plan = plan
+        self._lists = sibling_lists(plan)
+        self._position = [0] * len(plan)
+        for siblings in self._lists.values():
+            for position, index in enumerate(siblings):
+                self._position[index] = position
+        # _jump[parent][p]: a position at or before the first unsettled sibling at or after p
+        self._jump = {parent: list(range(len(s) + 1)) for parent, s in self._lists.items()}
+
+    def _first_unsettled(self, parent: int | None, position: int) -> int:
+        jump = self._jump[parent]
+        root = position
+        while jump[root] != root:
+            root = jump[root]
+        while jump[position] != root:  # compress the path walked
+            jump[position], position = root, jump[position]
+        return root
+
+    def settle(self, rc: RecordedCall) -> None:
+        """``rc`` is done with: later siblings no longer wait for it."""
+        if rc.settled:
+            return
+        rc.settled = True
+        position = self._position[rc.index]
+        self._jump[rc.parent][position] = position + 1
+
+    def ready(self, parent: int | None) -> list[RecordedCall]:
+        """The pending calls recorded under ``parent`` that may be matched now, in recorded
+        order: each overlapped every earlier unsettled sibling (the first unsettled one always
+        qualifies). Empty when a call recorded there is still running or none is left."""
+        siblings = self._lists.get(parent)
+        if siblings is None:
+            return []
+        plan, out = self._plan, []
+        unsettled: list[RecordedCall] = []
+        earliest_end: int | None = None
+        position = self._first_unsettled(parent, 0)
+        while position < len(siblings):
+            rc = plan[siblings[position]]
+            if earliest_end is not None and rc.start_ns >= earliest_end:
+                break  # it started after an unsettled sibling ended: so did every later one
+            if rc.state == "pending" and all(overlapped(rc, other) for other in unsettled):
+                out.append(rc)
+            unsettled.append(rc)
+            earliest_end = rc.end_ns if earliest_end is None else min(earliest_end, rc.end_ns)
+            position = self._first_unsettled(parent, position + 1)
+        return out
 
 
 def descendants(plan: list[RecordedCall], call: RecordedCall) -> Iterator[RecordedCall]:
