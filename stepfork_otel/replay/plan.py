@@ -70,6 +70,8 @@ class RecordedCall:
     without one is never taken for a concurrent one."""
     concurrent: bool = False
     """The call overlapped at least one sibling (same parent) in the recorded run."""
+    sibling_position: int = 0
+    """Its place among its parent's calls (or the run-level calls), in start order."""
     settled: bool = False
     """Done with, for the order of its siblings: matched and substituted, an executed body that
     ended, or a call skipped or not reached inside one."""
@@ -122,6 +124,8 @@ def build_plan(trace: Trace) -> list[RecordedCall]:
             outcome_of.setdefault(paired_call.id, outcome)
     calls: list[RecordedCall] = []
     by_id: dict[str, RecordedCall] = {}
+    run_level = 0
+    latest_end: dict[int | None, RecordedCall] = {}  # per parent: the sibling that ends last
     for event in trace.events:
         if not isinstance(event, (ToolCall, LlmRequest)):
             continue
@@ -130,19 +134,27 @@ def build_plan(trace: Trace) -> list[RecordedCall]:
             len(calls), event, outcome_of.get(event.id), parent.index if parent else None
         )
         if parent is not None:
+            rc.sibling_position = len(parent.children)
             parent.children.append(rc.index)
+        else:
+            rc.sibling_position, run_level = run_level, run_level + 1
         if event.input_sha256 is None and event.input is not None:
             rc.input_sha256 = sha256_hex(event.input)
             rc.fingerprint_source = COMPUTED_FROM_TRACE
         else:
             rc.input_sha256 = event.input_sha256
-        rc.start_ns = event.time_unix_nano
-        end = rc.outcome.time_unix_nano if rc.outcome is not None else 0
-        rc.end_ns = max(rc.start_ns, end)
+        rc.start_ns = start = event.time_unix_nano
+        ended = rc.outcome
+        rc.end_ns = max(start, ended.time_unix_nano) if ended is not None else start
+        # a sweep in start order: a call that starts before the latest end among its earlier
+        # siblings overlapped the sibling that ends then
+        latest = latest_end.get(rc.parent)
+        if latest is None or rc.end_ns > latest.end_ns:
+            latest_end[rc.parent] = rc
+        if latest is not None and overlapped(latest, rc):
+            rc.concurrent = latest.concurrent = True
         calls.append(rc)
         by_id[event.id] = rc
-    for siblings in sibling_lists(calls).values():
-        _mark_concurrent(calls, siblings)
     return calls
 
 
@@ -152,46 +164,38 @@ def overlapped(a: RecordedCall, b: RecordedCall) -> bool:
     return a.start_ns < b.end_ns and b.start_ns < a.end_ns
 
 
-def sibling_lists(plan: list[RecordedCall]) -> dict[int | None, list[int]]:
-    """The plan indexes of each parent's calls (``None``: run level), in start order."""
-    lists: dict[int | None, list[int]] = {}
-    for rc in plan:
-        lists.setdefault(rc.parent, []).append(rc.index)
-    return lists
-
-
-def _mark_concurrent(plan: list[RecordedCall], siblings: list[int]) -> None:
-    """Mark the siblings that overlapped another: a sweep in start order, where a call that
-    starts before the latest end so far overlaps the call that ends then."""
-    latest: RecordedCall | None = None
-    for index in siblings:
-        rc = plan[index]
-        if latest is not None and overlapped(latest, rc):
-            rc.concurrent = latest.concurrent = True
-        if latest is None or rc.end_ns > latest.end_ns:
-            latest = rc
-
-
 class Frontier:
     """The pending recorded calls that may be matched next, per parent (see the module
     docstring for the rule). Each parent's siblings are kept in start order with a pointer
     structure that jumps over settled ones, so finding the calls in flight costs the number of
-    unsettled calls looked at -- one for sequential code -- not the length of the plan."""
+    unsettled calls looked at -- one for sequential code -- not the length of the plan. A
+    parent's structure is made when a call is first made under it: the calls recorded inside a
+    substituted call never are."""
 
-    __slots__ = ("_jump", "_lists", "_plan", "_position")
+    __slots__ = ("_jump", "_plan", "_run_level")
 
     def __init__(self, plan: list[RecordedCall]) -> None:
         self._plan = plan
-        self._lists = sibling_lists(plan)
-        self._position = [0] * len(plan)
-        for siblings in self._lists.values():
-            for position, index in enumerate(siblings):
-                self._position[index] = position
-        # _jump[parent][p]: a position at or before the first unsettled sibling at or after p
-        self._jump = {parent: list(range(len(s) + 1)) for parent, s in self._lists.items()}
+        self._run_level = [rc.index for rc in plan if rc.parent is None]
+        self._jump: dict[int | None, list[int]] = {}
+        """Per parent: ``jump[p]`` is a position at or before the first unsettled sibling at or
+        after ``p`` (the last entry, one past the siblings, stands for none)."""
 
-    def _first_unsettled(self, parent: int | None, position: int) -> int:
-        jump = self._jump[parent]
+    def _siblings(self, parent: int | None) -> list[int]:
+        return self._run_level if parent is None else self._plan[parent].children
+
+    def _jumps(self, parent: int | None) -> list[int]:
+        jump = self._jump.get(parent)
+        if jump is None:
+            plan = self._plan
+            siblings = self._siblings(parent)
+            jump = [p + 1 if plan[i].settled else p for p, i in enumerate(siblings)]
+            jump.append(len(siblings))
+            self._jump[parent] = jump
+        return jump
+
+    @staticmethod
+    def _first_unsettled(jump: list[int], position: int) -> int:
         root = position
         while jump[root] != root:
             root = jump[root]
@@ -204,29 +208,33 @@ class Frontier:
         if rc.settled:
             return
         rc.settled = True
-        position = self._position[rc.index]
-        self._jump[rc.parent][position] = position + 1
+        jump = self._jump.get(rc.parent)
+        if jump is not None:
+            jump[rc.sibling_position] = rc.sibling_position + 1
 
     def ready(self, parent: int | None) -> list[RecordedCall]:
         """The pending calls recorded under ``parent`` that may be matched now, in recorded
         order: each overlapped every earlier unsettled sibling (the first unsettled one always
         qualifies). Empty when a call recorded there is still running or none is left."""
-        siblings = self._lists.get(parent)
-        if siblings is None:
-            return []
+        siblings, jump = self._siblings(parent), self._jumps(parent)
         plan, out = self._plan, []
-        unsettled: list[RecordedCall] = []
-        earliest_end: int | None = None
-        position = self._first_unsettled(parent, 0)
+        earliest_end = latest_start = 0  # of the unsettled siblings looked at so far
+        position = self._first_unsettled(jump, 0)
+        first = True
         while position < len(siblings):
             rc = plan[siblings[position]]
-            if earliest_end is not None and rc.start_ns >= earliest_end:
-                break  # it started after an unsettled sibling ended: so did every later one
-            if rc.state == "pending" and all(overlapped(rc, other) for other in unsettled):
-                out.append(rc)
-            unsettled.append(rc)
-            earliest_end = rc.end_ns if earliest_end is None else min(earliest_end, rc.end_ns)
-            position = self._first_unsettled(parent, position + 1)
+            if first:
+                if rc.state == "pending":
+                    out.append(rc)
+                earliest_end, latest_start, first = rc.end_ns, rc.start_ns, False
+            else:
+                if rc.start_ns >= earliest_end:
+                    break  # it started after an unsettled sibling ended: so did every later one
+                if rc.state == "pending" and latest_start < rc.end_ns:
+                    out.append(rc)  # it overlapped every unsettled sibling before it
+                earliest_end = min(earliest_end, rc.end_ns)
+                latest_start = max(latest_start, rc.start_ns)
+            position = self._first_unsettled(jump, position + 1)
         return out
 
 

@@ -567,6 +567,13 @@ class ReplaySession:
         order). A hybrid call that runs live may drift only when no recorded call has its exact
         input. None matching: the error names the nearest."""
         plan = self._plan
+        for rc in ready:  # the call's own recorded twin first: a cheap look at each
+            if matching.same_call(call, rc):
+                policy = decisions.effective_policy(call, rc)
+                ctx = matching.MatchContext(plan, rc.index, parent)
+                if matching.first_miss(call, rc, ctx) is None:
+                    return rc, policy, decisions.verdict_for(self, call, policy)
+                break
         misses: list[tuple[RecordedCall, matching.Miss]] = []
         verdicts = []
         for rc in ready:
