@@ -96,9 +96,47 @@ def openai_threads(url: str) -> dict[str, Any]:
     return {"answers": answers, "final": _text(final)}
 
 
+CITIES = ["Paris", "Rome", "Oslo", "Lima", "Kyoto"]
+
+
+def pydantic_ai_parallel_tools(url: str) -> Any:
+    """A pydantic-ai agent on the instrumented OpenAI SDK whose model asks for five tool calls at
+    once (the server's doing, see the test): pydantic-ai runs them concurrently, each tool an
+    async ``@trace_tool`` that awaits a random wait first; then the model answers from them."""
+    from openai import AsyncOpenAI
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    from stepfork_otel import trace_tool
+
+    waits = _waits()
+    client = AsyncOpenAI(base_url=url, api_key="sk-test", max_retries=0)
+    agent = Agent(OpenAIChatModel("gpt-4o", provider=OpenAIProvider(openai_client=client)))
+    arrived: list[str] = []
+
+    @trace_tool
+    async def forecast(city: str) -> str:
+        arrived.append(city)
+        while len(arrived) < len(CITIES):  # (recording only: frozen replay runs no body)
+            await asyncio.sleep(0.005)  # all five are open together, as with a slow service
+        return f"{city}: sunny"
+
+    @agent.tool_plain
+    async def weather(city: str) -> str:
+        """The forecast for a city."""
+        i = CITIES.index(city)
+        await asyncio.sleep(waits[i])
+        _began(i)
+        return await forecast(city)
+
+    return agent.run_sync("weather everywhere").output
+
+
 SCENARIOS: dict[str, Callable[[str], Any]] = {
     "openai_gather": openai_gather,
     "openai_threads": openai_threads,
+    "pydantic_ai_parallel_tools": pydantic_ai_parallel_tools,
 }
 
 
