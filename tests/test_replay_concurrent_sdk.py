@@ -83,7 +83,8 @@ def test_20_concurrent_sdk_calls_replay_frozen_in_any_start_order(
     trace = Trace.load(bundle)
     assert len(trace.calls) == N + 1
     assert recorded["result"]["answers"] == [f"You said: question {i}" for i in range(N)]
-    fanned = [c for c in trace.calls if "question" in (c.input or "")]
+    fanned = [c for c in trace.calls if '"content":"question' in (c.input or "")]
+    assert len(fanned) == N
     ends = {e.parent_id: e.time_unix_nano for e in trace.events if e.type == "llm_response"}
     assert max(c.time_unix_nano for c in fanned) < min(ends[c.id] for c in fanned)
     replays = _replay_seeds(scenario, bundle, url)  # the server is stopped: no request can pass
