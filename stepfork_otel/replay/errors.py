@@ -31,6 +31,7 @@ No field ever holds more than the redacted previews that are already in the bund
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +62,61 @@ def first_difference(
         f"  {labels[0]:<{width}}: …{a[start : i + 50]}…",
         f"  {labels[1]:<{width}}: …{b[start : i + 50]}…",
     ]
+
+
+_ABSENT = object()
+
+
+def _step(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    if key.isidentifier():
+        return f"{path}.{key}" if path else key
+    return f"{path}[{json.dumps(key)}]"
+
+
+def _shown(value: Any) -> str:
+    if value is _ABSENT:
+        return "<absent>"
+    return preview(json.dumps(value, ensure_ascii=False, separators=(",", ":")), 80)
+
+
+def first_differing_path(a: str, b: str) -> str | None:
+    """The first place (in canonical key order) where two JSON payload texts differ, as a path
+    (``body.messages[0].content``, ``$`` for the whole value) with both values shortened; None
+    when either is not JSON or they are equal."""
+    try:
+        left, right = json.loads(a), json.loads(b)
+    except ValueError:
+        return None
+    path = ""
+    while True:
+        if isinstance(left, dict) and isinstance(right, dict):
+            key = next(
+                (
+                    k
+                    for k in sorted(left.keys() | right.keys())
+                    if left.get(k, _ABSENT) != right.get(k, _ABSENT)
+                ),
+                None,
+            )
+            if key is None:
+                return None
+            path, left, right = _step(path, key), left.get(key, _ABSENT), right.get(key, _ABSENT)
+        elif isinstance(left, list) and isinstance(right, list):
+            index = next(
+                (i for i, (x, y) in enumerate(zip(left, right, strict=False)) if x != y),
+                min(len(left), len(right)),
+            )
+            if index == len(left) == len(right):
+                return None
+            path = _step(path, index)
+            left = left[index] if index < len(left) else _ABSENT
+            right = right[index] if index < len(right) else _ABSENT
+        elif left == right and type(left) is type(right):
+            return None
+        else:
+            return f"{path or '$'}: recorded {_shown(left)}, this run {_shown(right)}"
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,17 @@ the point of hybrid replay; the drift is reported on the call instead).
 
 Content is also used to *explain* a divergence (:func:`mismatch_error`, :func:`exhausted_error`):
 when the call made is recorded later, or its recorded answer was already consumed, the error says
-so -- but content never picks a different recorded call (the session's docstring says why there
-is one cursor).
+so -- but content never picks a different recorded call, with one exception: among recorded calls
+that were concurrent (the session's docstring says why), the session runs the same matchers against
+each and takes the first that passes; :func:`concurrent_mismatch_error` explains a call that
+passes none, naming the nearest and the first differing path of its input.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from difflib import SequenceMatcher
 from typing import NamedTuple
 
 from stepfork_otel.recording.contract import BoundaryCall
@@ -34,6 +37,7 @@ from stepfork_otel.replay.errors import (
     ReplayExhaustedError,
     ReplayMismatchError,
     first_difference,
+    first_differing_path,
 )
 from stepfork_otel.replay.plan import RecordedCall
 from stepfork_otel.trace.models import LlmRequest, ToolCall
@@ -43,6 +47,7 @@ __all__ = [
     "MatchContext",
     "Matcher",
     "Miss",
+    "concurrent_mismatch_error",
     "consumed_earlier",
     "describe_call",
     "exhausted_error",
@@ -340,3 +345,107 @@ def exhausted_error(
         details=live_details + details,
         after_live_call=live,
     )
+
+
+def _shared_ends(texts: Sequence[str]) -> tuple[int, int]:
+    """How many characters every text shares at its start, and then at its end."""
+    shortest = min(len(t) for t in texts)
+    first = texts[0]
+    head = next((n for n in range(shortest) if any(t[n] != first[n] for t in texts)), shortest)
+    rest = shortest - head
+    tail = next((n for n in range(rest) if any(t[-1 - n] != first[-1 - n] for t in texts)), rest)
+    return head, tail
+
+
+_COMPARED_CHARS = 2_000
+"""How much of the differing middle of two inputs the similarity ratio reads (it is quadratic)."""
+
+
+def _closeness(
+    call: BoundaryCall, rc: RecordedCall, plan: Sequence[RecordedCall], ends: tuple[int, int]
+) -> tuple[int, float, int]:
+    """How near ``rc`` is to ``call``: how far down the matchers it got, then how alike the parts
+    of the inputs are that differ between the calls in flight (what all of them share -- a system
+    prompt, the JSON around one argument -- says nothing), then recorded order."""
+    ctx = MatchContext(plan, rc.index, rc.parent)
+    rank = next((n for n, m in enumerate(MATCHERS) if m(call, rc, ctx) is not None), len(MATCHERS))
+    head, tail = ends
+    a, b = rc.event.input or "", call.input.text
+    middle_a, middle_b = a[head : len(a) - tail], b[head : len(b) - tail]
+    ratio = SequenceMatcher(
+        None, middle_a[:_COMPARED_CHARS], middle_b[:_COMPARED_CHARS], autojunk=False
+    ).ratio()
+    return rank, ratio, -rc.index
+
+
+def concurrent_mismatch_error(
+    call: BoundaryCall,
+    position: int,
+    plan: Sequence[RecordedCall],
+    misses: Sequence[tuple[RecordedCall, Miss]],
+    parent: int | None,
+    after: LiveContext,
+) -> ReplayMismatchError:
+    """The error of a call that matches none of the recorded calls in flight (concurrent
+    siblings that may come in any order): it names the nearest of them, and where its input
+    differs. When content explains it better, it says so: the call was recorded later (after
+    the calls in flight), or its recorded answer was already consumed."""
+    ends = _shared_ends([call.input.text, *(rc.event.input or "" for rc, _ in misses)])
+    nearest, miss = max(misses, key=lambda item: _closeness(call, item[0], plan, ends))
+    ids = ", ".join(rc.event.id for rc, _ in misses)
+    in_flight = f"the recorded calls in flight here ({ids})"
+    error_type: type[ReplayMismatchError] = ReplayMismatchError
+    flying = {rc.index for rc, _ in misses}
+    later = next(
+        (
+            rc
+            for rc in plan[min(flying) :]
+            if rc.state == "pending"
+            and rc.parent == parent
+            and rc.index not in flying
+            and same_call(call, rc)
+        ),
+        None,
+    )
+    earlier = None if later is not None else _consumed(plan, call, parent)
+    if later is not None:
+        reason = (
+            f"call order differs: this call was recorded later, as {later.event.id}, after "
+            f"{in_flight}; the nearest of them is {nearest.event.id} [{miss.reason}]"
+        )
+    elif earlier is not None:
+        error_type = ReplayExhaustedError
+        reason = (
+            f"recorded call consumed twice: this call's recorded answer ({earlier.event.id}) "
+            f"was already consumed, and the recording has it once; this call matches none of "
+            f"{in_flight}, the nearest is {nearest.event.id} [{miss.reason}]"
+        )
+    else:
+        reason = f"{miss.reason}: this call matches none of {in_flight}; the nearest is " + (
+            nearest.event.id
+        )
+    details = list(miss.details)
+    recorded = nearest.event.input
+    if recorded is not None and not call.input.unserialisable:
+        path = first_differing_path(recorded, call.input.text)
+        if path is not None:
+            details.insert(0, f"first differing path: {path}")
+    live, live_details = after
+    return error_type(
+        reason,
+        position=position,
+        expected=nearest.describe(),
+        actual=describe_call(call),
+        details=live_details + details,
+        after_live_call=live,
+    )
+
+
+def _consumed(
+    plan: Sequence[RecordedCall], call: BoundaryCall, parent: int | None
+) -> RecordedCall | None:
+    """The latest consumed recorded call at this nesting equal to ``call``."""
+    for rc in reversed(plan):
+        if rc.state == "consumed" and rc.parent == parent and same_call(call, rc):
+            return rc
+    return None

@@ -10,6 +10,14 @@ concurrent code: two tasks started together record ``A, B, A's inner call``, so 
 not contiguous. Skipping the descendants of a substituted call therefore marks them, and the
 cursor moves to the next call still pending.
 
+Which recorded calls may be matched next is the :class:`Frontier`. Calls recorded one after the
+other (one had ended before the next started) are matched in that order; calls that were open
+together under one parent -- siblings whose spans overlapped, ``a`` started before ``b`` ended and
+``b`` before ``a`` ended -- are matched by their inputs, in whatever order the replayed code starts
+them (task scheduling is not part of the recording). The rule is pairwise: a recorded call may be
+matched once every earlier sibling that had *ended* before it started is settled (matched, and its
+body finished or skipped). For sequential code that is exactly the one call under the cursor.
+
 Pairing a call with its outcome is :func:`~stepfork_otel.trace.models.pair_outcomes`: by
 ``parent_id``, or the documented legacy rule for bundles without parent links. A call with no
 outcome is a call with a *missing* result: replay raises at it rather than inventing one.
@@ -55,6 +63,18 @@ class RecordedCall:
     """``pending`` (not reached yet), ``consumed`` (matched: substituted or executed), ``skipped``
     (inside a substituted call, whose body did not run) or ``not_reached`` (inside an executed
     call whose body did not make it)."""
+    start_ns: int = 0
+    """When the call started in the recorded run (``time_unix_nano`` of the call event)."""
+    end_ns: int = 0
+    """When it ended (its outcome's time); its start when it has no outcome, so that a call
+    without one is never taken for a concurrent one."""
+    concurrent: bool = False
+    """The call overlapped at least one sibling (same parent) in the recorded run."""
+    sibling_position: int = 0
+    """Its place among its parent's calls (or the run-level calls), in start order."""
+    settled: bool = False
+    """Done with, for the order of its siblings: matched and substituted, an executed body that
+    ended, or a call skipped or not reached inside one."""
 
     @property
     def kind(self) -> str:
@@ -104,6 +124,8 @@ def build_plan(trace: Trace) -> list[RecordedCall]:
             outcome_of.setdefault(paired_call.id, outcome)
     calls: list[RecordedCall] = []
     by_id: dict[str, RecordedCall] = {}
+    run_level = 0
+    latest_end: dict[int | None, RecordedCall] = {}  # per parent: the sibling that ends last
     for event in trace.events:
         if not isinstance(event, (ToolCall, LlmRequest)):
             continue
@@ -112,15 +134,108 @@ def build_plan(trace: Trace) -> list[RecordedCall]:
             len(calls), event, outcome_of.get(event.id), parent.index if parent else None
         )
         if parent is not None:
+            rc.sibling_position = len(parent.children)
             parent.children.append(rc.index)
+        else:
+            rc.sibling_position, run_level = run_level, run_level + 1
         if event.input_sha256 is None and event.input is not None:
             rc.input_sha256 = sha256_hex(event.input)
             rc.fingerprint_source = COMPUTED_FROM_TRACE
         else:
             rc.input_sha256 = event.input_sha256
+        rc.start_ns = start = event.time_unix_nano
+        ended = rc.outcome
+        rc.end_ns = max(start, ended.time_unix_nano) if ended is not None else start
+        # a sweep in start order: a call that starts before the latest end among its earlier
+        # siblings overlapped the sibling that ends then
+        latest = latest_end.get(rc.parent)
+        if latest is None or rc.end_ns > latest.end_ns:
+            latest_end[rc.parent] = rc
+        if latest is not None and overlapped(latest, rc):
+            rc.concurrent = latest.concurrent = True
         calls.append(rc)
         by_id[event.id] = rc
     return calls
+
+
+def overlapped(a: RecordedCall, b: RecordedCall) -> bool:
+    """``a`` and ``b`` were open together in the recorded run (strictly: a call that ended at the
+    instant the other started did not overlap it; calls without times never overlap)."""
+    return a.start_ns < b.end_ns and b.start_ns < a.end_ns
+
+
+class Frontier:
+    """The pending recorded calls that may be matched next, per parent (see the module
+    docstring for the rule). Each parent's siblings are kept in start order with a pointer
+    structure that jumps over settled ones, so finding the calls in flight costs the number of
+    unsettled calls looked at -- one for sequential code -- not the length of the plan. A
+    parent's structure is made when a call is first made under it: the calls recorded inside a
+    substituted call never are."""
+
+    __slots__ = ("_jump", "_plan", "_run_level")
+
+    def __init__(self, plan: list[RecordedCall]) -> None:
+        self._plan = plan
+        self._run_level = [rc.index for rc in plan if rc.parent is None]
+        self._jump: dict[int | None, list[int]] = {}
+        """Per parent: ``jump[p]`` is a position at or before the first unsettled sibling at or
+        after ``p`` (the last entry, one past the siblings, stands for none)."""
+
+    def _siblings(self, parent: int | None) -> list[int]:
+        return self._run_level if parent is None else self._plan[parent].children
+
+    def _jumps(self, parent: int | None) -> list[int]:
+        jump = self._jump.get(parent)
+        if jump is None:
+            plan = self._plan
+            siblings = self._siblings(parent)
+            jump = [p + 1 if plan[i].settled else p for p, i in enumerate(siblings)]
+            jump.append(len(siblings))
+            self._jump[parent] = jump
+        return jump
+
+    @staticmethod
+    def _first_unsettled(jump: list[int], position: int) -> int:
+        root = position
+        while jump[root] != root:
+            root = jump[root]
+        while jump[position] != root:  # compress the path walked
+            jump[position], position = root, jump[position]
+        return root
+
+    def settle(self, rc: RecordedCall) -> None:
+        """``rc`` is done with: later siblings no longer wait for it."""
+        if rc.settled:
+            return
+        rc.settled = True
+        jump = self._jump.get(rc.parent)
+        if jump is not None:
+            jump[rc.sibling_position] = rc.sibling_position + 1
+
+    def ready(self, parent: int | None) -> list[RecordedCall]:
+        """The pending calls recorded under ``parent`` that may be matched now, in recorded
+        order: each overlapped every earlier unsettled sibling (the first unsettled one always
+        qualifies). Empty when a call recorded there is still running or none is left."""
+        siblings, jump = self._siblings(parent), self._jumps(parent)
+        plan, out = self._plan, []
+        earliest_end = latest_start = 0  # of the unsettled siblings looked at so far
+        position = self._first_unsettled(jump, 0)
+        first = True
+        while position < len(siblings):
+            rc = plan[siblings[position]]
+            if first:
+                if rc.state == "pending":
+                    out.append(rc)
+                earliest_end, latest_start, first = rc.end_ns, rc.start_ns, False
+            else:
+                if rc.start_ns >= earliest_end:
+                    break  # it started after an unsettled sibling ended: so did every later one
+                if rc.state == "pending" and latest_start < rc.end_ns:
+                    out.append(rc)  # it overlapped every unsettled sibling before it
+                earliest_end = min(earliest_end, rc.end_ns)
+                latest_start = max(latest_start, rc.start_ns)
+            position = self._first_unsettled(jump, position + 1)
+        return out
 
 
 def descendants(plan: list[RecordedCall], call: RecordedCall) -> Iterator[RecordedCall]:

@@ -1,19 +1,28 @@
 """``ReplaySession``: re-run the agent's own code with every boundary call served from a bundle.
 
 The session is consulted by the boundaries (the same code that records) through a context
-variable, before any dependency body could run. It holds one strict cursor over the recorded calls
-in the order they started. For each call it checks, in order: position (and nesting), kind, tool
+variable, before any dependency body could run. It holds a strict cursor over the recorded calls
+in the order they started, and the :class:`~stepfork_otel.replay.plan.Frontier`: the recorded
+calls that may come next. For each call it checks, in order: position (and nesting), kind, tool
 name, LLM provider and model, the redacted canonical input, the fingerprints (input, and the model
 fingerprint that covers the operation); then the call's recorded replay policy and the session
 mode decide whether the call is substituted from the recording, executed, or refused. Nothing
 from the bundle is ever executed or imported: error types are strings, values are JSON.
 
-Why a single cursor and not matching "by name" or "by input": an agent that calls the same tool
+Why strict order and not matching "by name" or "by input": an agent that calls the same tool
 twice with the same arguments must get the two recorded answers in order, and an agent that skips
 or reorders a call must be told so; matching by content alone silently serves the wrong answer.
-The price is that the order of concurrent calls must also be reproduced (documented). Content is
-still used, but only to explain a divergence: when the call made is recorded *later*, the error
-says the order differs instead of just "name differs".
+Content is used to explain a divergence: when the call made is recorded *later*, the error says
+the order differs instead of just "name differs".
+
+Why concurrent calls are the one exception: calls that were open together in the recorded run
+(siblings under one parent whose spans overlapped) have no order of their own -- which of them
+started first was the scheduler's choice, and a replay schedules differently. So when the frontier
+holds several such calls, the call made is matched against each, in recorded order, and takes the
+first that passes every matcher (identical inputs are therefore served in recorded order); none
+passing is a mismatch naming the nearest of them. Calls that did not overlap keep their order, and
+a call recorded after a group waits for the whole group. Sequential code only ever has one call on
+the frontier, the one under the cursor, and is matched exactly as before.
 
 Why refusals never move the cursor: a refused call (policy, mismatch) has not consumed its
 recorded answer, so an agent that catches the error and carries on is matched against the same
@@ -66,7 +75,7 @@ from stepfork_otel.replay.errors import (
     ReplaySessionError,
 )
 from stepfork_otel.replay.network import GuardToken, LiveToken, NetworkGuard
-from stepfork_otel.replay.plan import RecordedCall, build_plan, descendants
+from stepfork_otel.replay.plan import Frontier, RecordedCall, build_plan, descendants
 from stepfork_otel.replay.reads import ReadServer, parse_policy
 from stepfork_otel.replay.results import Action, LiveLlm, ReplayedCall, ReplayResult
 from stepfork_otel.replay.substitution import Substitution, substitute
@@ -74,7 +83,7 @@ from stepfork_otel.trace.bundle import gc_paused, load_any
 from stepfork_otel.trace.checks import raise_if_inconsistent, verify_integrity
 from stepfork_otel.trace.models import Trace
 from stepfork_otel.trace.payload import Payload
-from stepfork_otel.trace.policy import ReplayMode
+from stepfork_otel.trace.policy import EffectivePolicy, ReplayMode
 
 __all__ = [
     "Action",
@@ -234,6 +243,7 @@ class ReplaySession:
         decisions.check_selectors(self.live_llms, self._plan)
         self._reads = ReadServer(trace, captured_policy)
         self._cursor = 0
+        self._frontier = Frontier(self._plan)
         self._calls: list[ReplayedCall] = []
         self._errors: list[ReplayError] = []
         self._divergences: list[ReplayError] = []  # raised at calls (not by verify_complete)
@@ -503,6 +513,8 @@ class ReplaySession:
             for inner in descendants(self._plan, rc):  # recorded inner calls the body never made
                 if inner.state == "pending":
                     inner.state = "not_reached"
+                    self._frontier.settle(inner)
+            self._frontier.settle(rc)  # its later siblings may come now
             self._advance()
             live = output.sha256 if output is not None else None
             note = None if error is not None else results.live_output_note(live, rc.output_sha256)
@@ -519,17 +531,22 @@ class ReplaySession:
             raise matching.exhausted_error(
                 call, position, self._plan, results.after_live(self._last_live)
             )
-        expected = self._plan[cursor]
-        policy = decisions.effective_policy(call, expected)
-        verdict = decisions.verdict_for(self, call, policy)
-        drift_allowed = verdict is Verdict.EXECUTE and self.mode is ReplayMode.HYBRID
-        ctx = matching.MatchContext(self._plan, cursor, self._executing.get(), drift_allowed)
-        miss = matching.first_miss(call, expected, ctx)
-        if miss is not None:
-            after = results.after_live(self._last_live)
-            error = matching.mismatch_error(call, position, expected, miss, ctx, after)
-            error.add_details(self._reads.hint())  # uncaptured clock/random reads may explain it
-            raise error
+        parent = self._executing.get()
+        ready = self._frontier.ready(parent)
+        if len(ready) > 1 or (ready and ready[0].concurrent):
+            expected, policy, verdict = self._match_concurrent(call, position, ready, parent)
+        else:  # sequential: the call under the cursor (or the one call that may come here)
+            expected = ready[0] if ready else self._plan[cursor]
+            policy = decisions.effective_policy(call, expected)
+            verdict = decisions.verdict_for(self, call, policy)
+            drift_allowed = verdict is Verdict.EXECUTE and self.mode is ReplayMode.HYBRID
+            ctx = matching.MatchContext(self._plan, expected.index, parent, drift_allowed)
+            miss = matching.first_miss(call, expected, ctx)
+            if miss is not None:
+                after = results.after_live(self._last_live)
+                error = matching.mismatch_error(call, position, expected, miss, ctx, after)
+                error.add_details(self._reads.hint())  # uncaptured clock/random reads may explain
+                raise error
         replayed.recorded_id = expected.event.id
         replayed.recorded_input_sha256 = expected.input_sha256
         replayed.recorded_output_sha256 = output_sha256 = expected.output_sha256
@@ -541,6 +558,42 @@ class ReplaySession:
             return self._execute(replayed, expected)
         outcome = substitute(call, expected, position, self.trace, output_sha256)
         return self._substitute(replayed, expected, outcome)
+
+    def _match_concurrent(
+        self, call: BoundaryCall, position: int, ready: list[RecordedCall], parent: int | None
+    ) -> tuple[RecordedCall, EffectivePolicy, Verdict]:
+        """The recorded call, among the concurrent ones in flight, that this call is: the first
+        in recorded order that passes every matcher (identical inputs are served in recorded
+        order). A hybrid call that runs live may drift only when no recorded call has its exact
+        input. None matching: the error names the nearest."""
+        plan = self._plan
+        for rc in ready:  # the call's own recorded twin first: a cheap look at each
+            if matching.same_call(call, rc):
+                policy = decisions.effective_policy(call, rc)
+                ctx = matching.MatchContext(plan, rc.index, parent)
+                if matching.first_miss(call, rc, ctx) is None:
+                    return rc, policy, decisions.verdict_for(self, call, policy)
+                break
+        misses: list[tuple[RecordedCall, matching.Miss]] = []
+        verdicts = []
+        for rc in ready:
+            policy = decisions.effective_policy(call, rc)
+            verdict = decisions.verdict_for(self, call, policy)
+            verdicts.append((rc, policy, verdict))
+            miss = matching.first_miss(call, rc, matching.MatchContext(plan, rc.index, parent))
+            if miss is None:
+                return rc, policy, verdict
+            misses.append((rc, miss))
+        if self.mode is ReplayMode.HYBRID:
+            for rc, policy, verdict in verdicts:
+                if verdict is Verdict.EXECUTE:
+                    ctx = matching.MatchContext(plan, rc.index, parent, drift_allowed=True)
+                    if matching.first_miss(call, rc, ctx) is None:
+                        return rc, policy, verdict
+        after = results.after_live(self._last_live)
+        error = matching.concurrent_mismatch_error(call, position, plan, misses, parent, after)
+        error.add_details(self._reads.hint())
+        raise error
 
     def _advance(self) -> None:
         plan, cursor = self._plan, self._cursor
@@ -589,9 +642,12 @@ class ReplaySession:
         self, replayed: ReplayedCall, expected: RecordedCall, outcome: Substitution
     ) -> ReplayDecision:
         expected.state = "consumed"
+        frontier = self._frontier
+        frontier.settle(expected)
         if expected.children:
             for inner in descendants(self._plan, expected):
                 inner.state = "skipped"
+                frontier.settle(inner)
         self._advance()
         replayed.action = ACTION_SUBSTITUTED
         replayed.output_sha256 = outcome.output.sha256
