@@ -47,7 +47,11 @@ def weather_agent(url: str, prompt: str) -> str:
     """Chat completions with a tool until the model answers (two calls against the fake)."""
     import openai
 
-    client = openai.OpenAI(base_url=url, api_key="sk-proj-NOTAREALKEY0123456789abcdef")
+    with openai.OpenAI(base_url=url, api_key="sk-proj-NOTAREALKEY0123456789abcdef") as client:
+        return _weather_loop(client, prompt)
+
+
+def _weather_loop(client: Any, prompt: str) -> str:
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "Answer with the weather."},
         {"role": "user", "content": prompt},

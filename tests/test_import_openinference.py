@@ -368,7 +368,6 @@ def long_conversation(
     config = TraceConfig(hide_input_messages=hide_messages, hide_output_messages=hide_messages)
     instrumentation.instrument(tracer_provider=provider, config=config)
     try:
-        client = openai.OpenAI(base_url=url, api_key="sk-test")
         messages: list[dict[str, str]] = []
         for n in range(70):
             messages += [
@@ -376,7 +375,10 @@ def long_conversation(
                 {"role": "assistant", "content": f"answer {n}"},
             ]
         messages.append({"role": "user", "content": "and now?"})
-        with provider.get_tracer("chat-app").start_as_current_span("long-chat"):
+        with (
+            openai.OpenAI(base_url=url, api_key="sk-test") as client,
+            provider.get_tracer("chat-app").start_as_current_span("long-chat"),
+        ):
             client.responses.create(model="gpt-4o", input="hello", instructions="be brief")
             client.chat.completions.create(model="gpt-4o", messages=messages)
     finally:
