@@ -152,6 +152,7 @@ def _check(killed: Killed) -> str:
     """What the kill left must load and hold every call that returned (with a flush interval:
     that returned more than the interval before the kill); returns where it hit."""
     bundle = killed.directory / "run.sftrace"
+    recover_directory(killed.directory)  # (killed while a header was written: its temporary)
     left = sorted(p.name for p in killed.directory.iterdir())
     if killed.ended:
         assert load_trace(bundle).complete
@@ -384,8 +385,9 @@ def test_fsync_policy_and_switching_the_background_flush_off(
     with record(tmp_path / "every.sftrace"):
         lookup("a")
         lookup("b")
-    assert len(synced) >= 4  # the header, each call, the trailer
-    assert {Path(name).name for name in synced} == {"every.sftrace"}
+    assert len(synced) >= 4  # the header (before its rename over the path), each call, the trailer
+    assert Path(synced[0]).name.startswith(f".every.sftrace.{os.getpid()}.")
+    assert {Path(name).name for name in synced[1:]} == {"every.sftrace"}
     synced.clear()
     recording.processor.fsync_interval = None  # never
     with record(tmp_path / "never.sftrace"):
@@ -456,3 +458,91 @@ def test_a_forked_child_leaves_the_parents_bundle_to_the_parent(tmp_path: Path) 
     assert values["parent_complete"]
     assert values["child"] == ['{"i":200}']
     assert values["child_complete"]
+
+
+# --- issue 28: a run started on an existing path, a call that returned on another thread ---------
+
+#: Starts run after run on one path that already holds a bundle (each run short, so most kills
+#: land while a run is being created or closed).
+CHILD_RESTARTS = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from stepfork_otel import configure, record, trace_tool
+
+    out = Path(sys.argv[1])
+    configure(directory=out.parent, flush_interval=0)
+
+    @trace_tool
+    def step(i: int) -> dict:
+        return {"i": i}
+
+    print("started", flush=True)
+    n = 0
+    while True:
+        with record(out, name="again"):
+            step(n)
+        n += 1
+    """
+)
+
+RESTART_KILLS = 40
+
+
+def test_a_run_started_on_an_existing_path_never_destroys_the_previous_bundle(
+    tmp_path: Path,
+) -> None:
+    """Killed (SIGKILL) at random moments while it starts run after run on one path, a process
+    leaves there the previous bundle or a new one that loads -- never an empty file (before, the
+    file was truncated when a run started, before its new header was written: 9 kills in 60 left
+    0 bytes). The temporary file a kill leaves while a header is written is the dead process's:
+    the directory recovery deletes it."""
+    script = tmp_path / "child.py"
+    script.write_text(CHILD_RESTARTS)
+    seed_bundle = tmp_path / "seed" / "run.sftrace"
+    subprocess.run(  # the bundle already there: one complete run
+        [
+            sys.executable,
+            "-c",
+            CHILD_RESTARTS.replace("while True:", "for _ in range(1):"),
+            str(seed_bundle),
+        ],
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=60,
+    )
+    old = seed_bundle.read_bytes()
+    assert load_trace(seed_bundle).complete
+
+    def kill_one(n: int) -> tuple[Path, int]:
+        rng = random.Random(2800 + n)
+        directory = tmp_path / f"restart-{n}"
+        directory.mkdir()
+        (directory / "run.sftrace").write_bytes(old)
+        child = subprocess.Popen(
+            [sys.executable, str(script), str(directory / "run.sftrace")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "started"
+        time.sleep(rng.uniform(0.0, 0.3))
+        child.send_signal(signal.SIGKILL)
+        child.communicate(timeout=60)
+        return directory, child.pid
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        killed = list(pool.map(kill_one, range(RESTART_KILLS)))
+    new = 0
+    for directory, _pid in killed:
+        bundle = directory / "run.sftrace"
+        data = bundle.read_bytes()
+        assert data, f"{directory.name}: the kill left an empty file"
+        trace = load_trace(bundle)  # the old bundle, or a new one: either loads
+        new += data != old
+        recover_directory(directory)  # (a header being written at the kill: its temporary)
+        assert sorted(p.name for p in directory.iterdir()) == ["run.sftrace"]
+        assert trace.calls or not trace.complete
+    assert new >= RESTART_KILLS // 2  # (the kills landed while runs were started)
