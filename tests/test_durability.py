@@ -12,6 +12,7 @@ left in the directory (no journal, no temporary file).
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -546,3 +547,97 @@ def test_a_run_started_on_an_existing_path_never_destroys_the_previous_bundle(
         assert sorted(p.name for p in directory.iterdir()) == ["run.sftrace"]
         assert trace.calls or not trace.complete
     assert new >= RESTART_KILLS // 2  # (the kills landed while runs were started)
+
+
+#: Threads making calls in one run, each call waiting until it is written (flush_interval=0); a
+#: call is reported (its thread and number) after it returned.
+CHILD_THREADS = textwrap.dedent(
+    """
+    import contextvars, random, sys, threading, time
+    from pathlib import Path
+    from stepfork_otel import configure, record, trace_tool
+
+    out, seed = Path(sys.argv[1]), int(sys.argv[2])
+    configure(directory=out.parent, flush_interval=0)
+    lock = threading.Lock()
+
+    @trace_tool
+    def step(worker: int, i: int, pause: float) -> dict:
+        time.sleep(pause)
+        return {"worker": worker, "i": i}
+
+    def work(worker: int) -> None:
+        rng = random.Random(seed * 10 + worker)
+        for i in range(100_000):
+            step(worker, i, rng.choice((0.0, 0.001, 0.02)))
+            with lock:
+                print(f"{worker} {i}", flush=True)
+
+    with record(out, name="threads"):
+        threads = [  # (each with the run's context: its calls are the run's)
+            threading.Thread(target=contextvars.copy_context().run, args=(work, w), daemon=True)
+            for w in range(4)
+        ]
+        for thread in threads:
+            thread.start()
+        with lock:
+            print("started", flush=True)
+        for thread in threads:
+            thread.join()
+    """
+)
+
+THREAD_KILLS = 8
+
+
+def test_every_call_that_returned_on_any_thread_is_in_the_bundle_after_a_kill(
+    tmp_path: Path,
+) -> None:
+    """Four threads calling, ``flush_interval=0``, SIGKILL at a random moment: every call a
+    thread saw return is in the loaded bundle. Before, loading cut the bundle at the first call
+    number missing -- a call another thread had started and not yet ended -- and dropped the
+    calls that returned after it (2 kills in 8)."""
+    script = tmp_path / "child.py"
+    script.write_text(CHILD_THREADS)
+
+    def kill_one(n: int) -> tuple[Path, set[tuple[int, int]]]:
+        rng = random.Random(2810 + n)
+        directory = tmp_path / f"threads-{n}"
+        directory.mkdir()
+        child = subprocess.Popen(
+            [sys.executable, str(script), str(directory / "run.sftrace"), str(n)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert child.stdout is not None
+        lines = [child.stdout.readline()]
+        wanted = rng.randrange(50, 400)
+        for line in child.stdout:
+            lines.append(line)
+            if len(lines) > wanted:
+                break
+        child.send_signal(signal.SIGKILL)
+        rest, _ = child.communicate(timeout=60)
+        returned = {
+            (int(w), int(i))
+            for w, i in (line.split() for line in [*lines, *rest.splitlines()] if " " in line)
+        }
+        return directory, returned
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        killed = list(pool.map(kill_one, range(THREAD_KILLS)))
+    for directory, returned in killed:
+        trace = load_trace(directory / "run.sftrace")
+        assert not trace.complete
+        kept = {
+            tuple(json.loads(c.input)[k] for k in ("worker", "i"))  # type: ignore[union-attr]
+            for c in trace.calls
+            if trace.outcome_of(c) is not None
+        }
+        assert returned, directory.name
+        lost = returned - kept
+        assert not lost, (directory.name, sorted(lost)[:5], trace.incomplete_reason)
+        numbers = [c.seq for c in trace.calls]
+        assert numbers == sorted(numbers)

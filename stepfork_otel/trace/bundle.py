@@ -768,24 +768,39 @@ def _torn(event: Event) -> bool:
 
 
 def _cut_short(events: list[Event], head: dict[str, Any]) -> list[Event]:
-    """The events of a bundle whose writing stopped mid-way (no end line), as far as
-    they go on without a hole: the last event if the kill cut its payload line off, and every
-    call from the first call number missing on (with their outcomes) are left out -- a call is
-    written when it ends, so the missing one had not ended (or was still in the buffer), and
-    replay stops there."""
+    """The events of a bundle whose writing stopped mid-way (no end line): the last event is
+    left out if the kill cut its payload line off. A call is numbered when it starts and written
+    when it ends, so a number missing is a call that had not ended (or was still queued): every
+    call that is there is kept -- with concurrent calls, one that returned after a call another
+    thread started and had not ended is on disk and stays -- except the calls nested in one that
+    is missing (ended while it ran: a replay cannot reach them without it). The reason names
+    the missing numbers."""
     while events and _torn(events[-1]):
         events = events[:-1]
-    numbers = sorted(e.seq for e in events if isinstance(e, (ToolCall, LlmRequest)))
-    cut = next((n for n, seq in enumerate(numbers, start=1) if seq != n), None)
-    if cut is None:
-        return events
-    dropped = {e.id for e in events if isinstance(e, (ToolCall, LlmRequest)) and e.seq >= cut}
-    kept = [e for e in events if e.id not in dropped and e.parent_id not in dropped]
-    head["incomplete_reason"] = (
-        f"{NO_TRAILER_REASON}; call-{cut} is not in it (it had not ended, or ended within the "
-        f"flush interval), so the {len(dropped)} call(s) numbered after it are left out too"
+    calls = sorted(
+        (e for e in events if isinstance(e, (ToolCall, LlmRequest))), key=attrgetter("seq")
     )
-    return kept
+    if all(c.seq == n for n, c in enumerate(calls, start=1)):
+        return events  # (no hole: nothing to name, nothing nested in a missing call)
+    present = {c.seq for c in calls}
+    missing = [n for n in range(1, calls[-1].seq) if n not in present]
+    ids = {c.id for c in calls}
+    dropped: set[str] = set()
+    for call in calls:  # (by number: the call a call is nested in comes first)
+        if call.parent_id is not None and (call.parent_id not in ids or call.parent_id in dropped):
+            dropped.add(call.id)
+    named = ", ".join(f"call-{n}" for n in missing[:5]) + (
+        f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+    )
+    reason = (
+        f"{NO_TRAILER_REASON}; {named} {'is' if len(missing) == 1 else 'are'} not in it (not ended, "
+        "or ended within the flush interval)"
+    )
+    if dropped:
+        them = "it" if len(missing) == 1 else "them"
+        reason += f", so the {len(dropped)} call(s) nested in {them} are left out too"
+    head["incomplete_reason"] = reason
+    return [e for e in events if e.id not in dropped and e.parent_id not in dropped]
 
 
 class TruncatedGzip(BundleError):
