@@ -439,3 +439,37 @@ def test_what_cannot_be_a_tool_is_returned_unchanged_with_a_warning(
     assert "its signature cannot be read" in messages[0]
     assert "it is a generator" in messages[2]
     assert dict(a=1) == {"a": 1}
+
+
+# --- issue 28: what one tool writes, the others read ----------------------------------------------
+
+
+def _set_output(span: dict[str, Any], text: str) -> None:
+    for attribute in span["attributes"]:
+        if attribute["key"] == "output.value":
+            attribute["value"] = {"stringValue": text}
+        if attribute["key"] == "stepfork.output.sha256":
+            attribute["value"] = {"stringValue": hashlib.sha256(text.encode()).hexdigest()}
+        if attribute["key"] == "stepfork.output.size":
+            attribute["value"] = {"intValue": str(len(text))}
+
+
+def test_an_import_never_writes_a_bundle_its_loader_refuses(
+    otlp_line: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A payload nested 300 deep is within the collector line's nesting limit (it is a string
+    there) but beyond the bundle's: the import exited 0 and wrote a bundle ``Trace.load``
+    refused. Now the payload imports as missing, the problem named, and the bundle loads."""
+    _set_output(_tool_span(otlp_line), "[" * 300 + "]" * 300)
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(orjson.dumps(otlp_line) + b"\n")
+    out = tmp_path / "out"
+    assert main(["import", str(path), "-o", str(out)]) == 1  # attention: a payload is missing
+    printed = capsys.readouterr().out
+    assert "output.value is nested deeper than 254 levels" in printed
+    (bundle,) = out.iterdir()
+    trace = load_trace(bundle)  # what import writes, load reads
+    outcome = trace.outcome_of(trace.calls[0])
+    assert isinstance(outcome, ToolResult)
+    assert outcome.output is None
+    assert trace.outcome_of(trace.calls[1]).output == '"PORTO"'  # type: ignore[union-attr]
