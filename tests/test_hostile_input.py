@@ -473,3 +473,39 @@ def test_an_import_never_writes_a_bundle_its_loader_refuses(
     assert isinstance(outcome, ToolResult)
     assert outcome.output is None
     assert trace.outcome_of(trace.calls[1]).output == '"PORTO"'  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("NaN", "unexpected character"),
+        ('{"price":1e400}', "infinity"),
+        ("1" * 1_000_000, "4300 digits"),
+        ('{"a":1,}', "trailing comma"),
+    ],
+)
+def test_validate_rejects_a_payload_replay_cannot_read(
+    recording: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, why: str
+) -> None:
+    """A payload with a matching fingerprint that is no JSON replay reads (NaN, a number beyond
+    a double, an integer of a million digits, a trailing comma) passed ``validate
+    --verify-integrity`` -- the fingerprint was all it checked -- and replay then refused it."""
+
+    @trace_tool
+    def lookup() -> Any:
+        return {"n": 1}
+
+    with record(tmp_path / "run.sftrace"):
+        lookup()
+    trace = Trace.load(tmp_path / "run.sftrace")
+    bad = save_trace(_with_output(trace, trace.calls[0].id, text), tmp_path / "bad.sftrace")
+    with ReplaySession.from_trace(bad), pytest.raises(Exception, match="not valid JSON"):
+        lookup()  # what replay refuses ...
+    capsys.readouterr()
+    assert main(["validate", "--verify-integrity", str(bad)]) == 1  # ... validate refuses
+    printed = capsys.readouterr().out
+    assert "INVALID (1 problem)" in printed
+    assert f"{trace.calls[0].id}.result: output is not valid JSON (" in printed
+    assert why in printed
+    assert len(printed) < 1000  # (the message quotes no million digits)
+    assert main(["validate", str(bad)]) == 0  # (without --verify-integrity: payloads unread)
