@@ -509,3 +509,46 @@ def test_validate_rejects_a_payload_replay_cannot_read(
     assert why in printed
     assert len(printed) < 1000  # (the message quotes no million digits)
     assert main(["validate", str(bad)]) == 0  # (without --verify-integrity: payloads unread)
+
+
+def _golden_line(prefix: bytes) -> tuple[list[bytes], int]:
+    lines = GOLDEN.read_bytes().split(b"\n")
+    return lines, next(n for n, line in enumerate(lines) if line.startswith(prefix))
+
+
+@pytest.mark.parametrize(
+    ("where", "edit", "key"),
+    [
+        # a second replay_policy: orjson and pydantic keep the last, silently
+        (
+            b'{"type":"tool_call"',
+            (b'"status":"ok",', b'"status":"ok","replay_policy":"forbidden",'),
+            "replay_policy",
+        ),
+        (b'{"type":"llm_response"', (b'"usage":{', b'"usage":{"input_tokens":1,'), "input_tokens"),
+        (b'{"type":"tool_result"', (b'"seq":2,', b'"seq" : 2 ,"seq":2,'), "seq"),  # (spaces too)
+        (b'{"format"', (b'"trace_id":', b'"created_by":"x","trace_id":'), "created_by"),
+        (b'{"run"', (b'"complete":', b'"complete":false,"complete":'), "complete"),
+    ],
+)
+def test_a_key_twice_in_a_header_or_event_line_is_a_bundle_error(
+    tmp_path: Path, where: bytes, edit: tuple[bytes, bytes], key: str
+) -> None:
+    """JSON parsers disagree on which of two equal keys counts (orjson and pydantic keep the
+    last, others the first): a bundle whose lines hold one twice was loaded silently, the
+    second value winning -- ``replay_policy`` included."""
+    lines, n = _golden_line(where)
+    assert edit[0] in lines[n]
+    lines[n] = lines[n].replace(edit[0], edit[1], 1)
+    path = tmp_path / "twice.sftrace"
+    path.write_bytes(b"\n".join(lines))
+    assert f'line {n + 1}: the key "{key}" appears twice in an object' in _bundle_error(path)
+
+
+def test_colons_in_values_are_no_duplicate_keys(tmp_path: Path) -> None:
+    lines, n = _golden_line(b'{"type":"tool_call"')
+    lines[n] = lines[n].replace(b'"status":"ok"', b'"status":"ok","name_x":"a:b:c"', 1)
+    path = tmp_path / "colons.sftrace"
+    path.write_bytes(b"\n".join(lines))
+    assert "appears twice" not in _bundle_error(path)  # (an unknown field: refused as such)
+    assert load_trace(GOLDEN).run.entrypoint == "golden_agent:run_dinner_agent"  # (a colon)

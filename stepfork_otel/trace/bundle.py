@@ -44,6 +44,7 @@ import contextlib
 import functools
 import gc
 import hashlib
+import json
 import os
 import re
 import tempfile
@@ -51,7 +52,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from io import BytesIO
 from itertools import compress, repeat
-from operator import attrgetter, itemgetter
+from operator import add, attrgetter, itemgetter, sub
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -134,6 +135,8 @@ _END = b'{"end":'
 _RUN = b'{"run":'  # the trailer of a bundle written as its run went
 _CAPTURED = b'{"captured":'  # captured reads, as they were made (written as it went)
 _KIND_EVENT, _KIND_IN, _KIND_OUT = ord("t"), ord("i"), ord("o")
+#: A payload map's byte as 1 for an event with a payload line (I, O), 0 without (t).
+_PAYLOADS = bytes.maketrans(b"tIO", b"\x00\x01\x01")
 # one byte per line (the line's third byte: t(ype), i(nput), o(utput)); a valid run of lines
 _GRAMMAR = re.compile(rb"(?:t[io]?)*")
 _ONLY_EVENTS = bytes(1 if i == _KIND_EVENT else 0 for i in range(256))
@@ -475,6 +478,7 @@ class _Reader:
                 raise self.error(f"trailer is not valid JSON: {exc}", self.lineno) from None
             if json_depth_exceeds(trailer, self.limits.max_json_depth):
                 raise self.too_deep(self.lineno)
+            self.check_keys(line, _keys_in(trailer), self.lineno)
             if not (isinstance(trailer, dict) and isinstance(trailer.get("run"), dict)):
                 raise self.error('trailer must be an object with a "run" object', self.lineno)
             if "input" in trailer["run"] or "output" in trailer["run"] or "events" in trailer:
@@ -508,6 +512,7 @@ class _Reader:
             raise self.error('not a .sftrace bundle (no "format": "sftrace" field)')
         if json_depth_exceeds(head, self.limits.max_json_depth):
             raise self.too_deep(1)
+        self.check_keys(line, _keys_in(head), 1)
         version = head.get("format_version")
         if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
             raise _newer(self.path, version)
@@ -658,13 +663,60 @@ class _Reader:
         # Events with the same fields set share one set object: a set per event was 0.29x the
         # file's size in memory (the models are frozen: nothing adds to it after this).
         own = list(map(_fields_set, batch))
+        joined = b"".join(event_lines)
+        # A key twice (which orjson and pydantic read silently, the last winning): each key is
+        # followed by a colon, so when the lines hold no more colons than the events have keys
+        # (their fields, less the payloads just set, and the entries of ``usage``, the one
+        # nested object) no key can be there twice -- one count in C over the batch. Only the
+        # lines of a batch with colons to spare (a colon in a value) are looked at closely.
+        keys = sum(map(len, own)) - (len(per_event) - per_event.count(b"t"))
+        keys += sum(map(len, filter(None, [e.usage for e in batch if type(e) is LlmResponse])))
+        if joined.count(b":") != keys:
+            self.check_event_keys(kinds, event_lines, batch, own, per_event)
         ones = list(map(self.fields_sets.setdefault, map(frozenset, own), own))
         for event, one, fields in zip(batch, ones, own, strict=True):
             if one is not fields:
                 _set_attribute(event, "__pydantic_fields_set__", one)
         self.events += batch
-        self.lines_hash.update(b"".join(event_lines))  # (SHA-256 of 89 MB: 42 ms)
+        self.lines_hash.update(joined)  # (SHA-256 of 89 MB: 42 ms)
         self.payload_map.append(per_event)
+
+    def check_event_keys(
+        self,
+        kinds: bytes,
+        event_lines: list[bytes],
+        batch: list[Event],
+        own: list[set[str]],
+        per_event: bytes,
+    ) -> None:
+        """The event lines of a batch whose colons outnumber its keys, one by one: a line whose
+        colons are its keys and its ``usage`` entries' (the one nested object) holds no key
+        twice; any other is parsed again, keeping every key (rare: a colon in a value)."""
+        colons = list(map(bytes.count, event_lines, repeat(b":")))
+        # colons beyond each line's fields (a payload set on its event is no key of its line)
+        spare = list(map(add, map(sub, colons, map(len, own)), per_event.translate(_PAYLOADS)))
+        for n in compress(range(len(spare)), spare):  # (in C up to here)
+            event = batch[n]
+            usage = event.usage if type(event) is LlmResponse else None
+            nested = len(usage) if usage else 0
+            if spare[n] != nested:
+                self.check_keys(
+                    event_lines[n], colons[n] - spare[n] + nested, self.event_line(kinds, n)
+                )
+
+    def check_keys(self, line: bytes, keys: int, lineno: int) -> None:
+        """``keys``: how many keys ``line`` holds once parsed, at every level. No more colons
+        than that: no key twice (each is followed by one); else the line is parsed again,
+        keeping every key, and the first key held twice is an error."""
+        if line.count(b":") <= keys:
+            return
+        twice = _key_twice(line)
+        if twice is not None:
+            raise self.error(
+                f"the key {_quoted_key(twice)} appears twice in an object (JSON readers "
+                "disagree on which one counts: a bundle holds each key once)",
+                lineno,
+            )
 
     def event_line(self, kinds: bytes, index: int) -> int:
         """The line number of the ``index``-th event line among ``kinds``."""
@@ -756,6 +808,42 @@ class _Reader:
         self.lines_hash.update(run_map + b"".join(self.payload_map).translate(_PAYLOAD_MAP))
         note_lines_fingerprint(trace, stored, self.lines_hash.hexdigest())
         return trace
+
+
+def _keys_in(value: Any) -> int:
+    """The keys of every object in a parsed JSON value (iterative; its depth is checked)."""
+    count = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            count += len(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
+
+
+def _key_twice(line: bytes) -> str | None:
+    """The first key an object of ``line`` holds twice (None: none), read by the standard
+    library's parser, which hands each object's keys over as they are written. (Only for a
+    line already parsed once: valid JSON, its depth bounded.)"""
+    twice: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> None:
+        if not twice and len({key for key, _ in items}) != len(items):
+            seen: set[str] = set()
+            twice.append(next(key for key, _ in items if key in seen or seen.add(key)))  # type: ignore[func-returns-value]
+
+    try:
+        json.loads(line, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):  # (20-digit numbers, say: what orjson read is valid)
+        return None
+    return twice[0] if twice else None
+
+
+def _quoted_key(key: str) -> str:
+    return orjson.dumps(quote(key)).decode()
 
 
 def _torn(event: Event) -> bool:
