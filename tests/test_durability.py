@@ -641,3 +641,35 @@ def test_every_call_that_returned_on_any_thread_is_in_the_bundle_after_a_kill(
         assert not lost, (directory.name, sorted(lost)[:5], trace.incomplete_reason)
         numbers = [c.seq for c in trace.calls]
         assert numbers == sorted(numbers)
+
+
+def test_a_bundle_cut_by_a_full_disk_says_so(
+    recording: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When a write fails (ENOSPC), the bundle said "the recording stopped before the run
+    ended" although the run went on and ended: its header's reason is overwritten in place (no
+    new block needed), so the file says why."""
+    import errno
+
+    from stepfork_otel import record
+    from stepfork_otel.otel import writer
+
+    recording.processor.flush_interval = 0
+    bundle = tmp_path / "run.sftrace"
+    real_write = os.write
+
+    def full(fd: int, data: Any) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with record(bundle):
+        lookup("a")
+        monkeypatch.setattr(writer.os, "write", full)
+        lookup("b")  # (recording never raises: logged)
+        monkeypatch.setattr(writer.os, "write", real_write)
+        lookup("c")
+    trace = load_trace(bundle)
+    assert not trace.complete
+    assert [c.input for c in trace.calls] == ['{"city":"a"}']  # type: ignore[union-attr]
+    assert trace.incomplete_reason is not None
+    assert trace.incomplete_reason.startswith("writing the bundle failed: [Errno 28] No space")
+    assert "stopped before the run ended" not in trace.incomplete_reason

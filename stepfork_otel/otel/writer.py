@@ -19,6 +19,7 @@ import os
 import queue
 import re
 import secrets
+import sys
 import threading
 import time
 import weakref
@@ -27,6 +28,7 @@ from collections import deque
 from pathlib import Path
 from typing import NamedTuple
 
+import orjson
 from opentelemetry import context as context_api
 
 from stepfork_otel._internal import log_internal_error
@@ -36,18 +38,24 @@ from stepfork_otel.constants import (
     FLUSH_BUFFER_BYTES,
 )
 from stepfork_otel.trace.bundle import (
+    NO_TRAILER_REASON,
     TMP_SUFFIX,
+    WRITE_FAILED_REASON,
     BundleEncoder,
     Encoded,
     bundle_file_name,
     save_trace,
 )
 from stepfork_otel.trace.conversion import SpanRecord, span_events
+from stepfork_otel.trace.errors import one_line
 from stepfork_otel.trace.models import Trace
 
 logger = logging.getLogger("stepfork_otel")
 
 #: The API's suppression key (set while a bundle is written, so nothing it does is traced).
+#: The header's reason as written (quoted), which a failed write overwrites in place.
+_NO_TRAILER = orjson.dumps(NO_TRAILER_REASON)
+
 _SUPPRESS_KEY = getattr(context_api, "_SUPPRESS_INSTRUMENTATION_KEY", "suppress_instrumentation")
 
 
@@ -129,8 +137,11 @@ class BundleAppender:
         self._close: _Wait | None = None
         self._last_sync = time.monotonic()
         self._packer = zlib.compressobj(6, zlib.DEFLATED, 31) if path.name.endswith(".gz") else None
+        head = encoder.head()
+        self._reason_at = -1 if self._packer is not None else head.find(_NO_TRAILER)
+        """Where the header's reason is (-1: not to be rewritten: compressed)."""
         self._fd: int | None = _create_with_header(
-            path, encoder.head(), self._packer, sync=fsync_interval is not None
+            path, head, self._packer, sync=fsync_interval is not None
         )
         _WRITER.add(self)
 
@@ -298,14 +309,31 @@ class BundleAppender:
                 item.set()
 
     def _fail(self) -> None:
-        """A write failed: log it, close the file as it is, write nothing more."""
+        """A write failed: log it, say why in the file if it can, close the file as it is,
+        write nothing more."""
         self.failed = True
+        why = sys.exc_info()[1]
         log_internal_error(f"writing the bundle {self.path}")
         fd, self._fd = self._fd, None
         self._release()
         if fd is not None:
+            if why is not None and self._reason_at >= 0:
+                self._say_why(fd, why)
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+    def _say_why(self, fd: int, why: BaseException) -> None:
+        """The header's reason (``the recording stopped before the run ended``, untrue when the
+        run went on) overwritten in place by why the writing stopped, padded with spaces
+        outside the string to the same length: no byte moves, and on a full disk the write
+        needs no new block. Best effort (a failure is left as it is)."""
+        text = WRITE_FAILED_REASON + one_line(str(why))
+        quoted = orjson.dumps(text)
+        while len(quoted) > len(_NO_TRAILER):
+            text = text[:-2] + "…"
+            quoted = orjson.dumps(text)
+        with contextlib.suppress(OSError):
+            os.pwrite(fd, quoted.ljust(len(_NO_TRAILER)), self._reason_at)
 
 
 def _create_with_header(

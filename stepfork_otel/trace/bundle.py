@@ -762,7 +762,9 @@ class _Reader:
         end = self.end
         if end is None and self.may_end_early():  # (cut short: what it holds, incomplete)
             self.head["complete"] = False
-            self.head["incomplete_reason"] = NO_TRAILER_REASON
+            said = self.head.get("incomplete_reason")
+            failed = isinstance(said, str) and said.startswith(WRITE_FAILED_REASON)
+            self.head["incomplete_reason"] = said if failed else NO_TRAILER_REASON
             self.events = _cut_short(self.events, self.head)
             end = {"end": FORMAT_NAME, "events": len(self.events)}
             if self.captured_lines:  # the reads of the calls kept
@@ -881,7 +883,7 @@ def _cut_short(events: list[Event], head: dict[str, Any]) -> list[Event]:
         f" and {len(missing) - 5} more" if len(missing) > 5 else ""
     )
     reason = (
-        f"{NO_TRAILER_REASON}; {named} {'is' if len(missing) == 1 else 'are'} not in it (not ended, "
+        f"{head['incomplete_reason']}; {named} {'is' if len(missing) == 1 else 'are'} not in it (not ended, "
         "or ended within the flush interval)"
     )
     if dropped:
@@ -1156,6 +1158,9 @@ _dump_event = EVENT_ADAPTER.dump_json
 
 #: Why a bundle written as its run went, and never closed by its trailer, is incomplete.
 NO_TRAILER_REASON = "the recording stopped before the run ended (the bundle has no trailer)"
+#: How the reason a writer puts in the header, in place of :data:`NO_TRAILER_REASON`, when a
+#: write failed (a full disk) starts: a bundle without trailer then says that instead.
+WRITE_FAILED_REASON = "writing the bundle failed: "
 
 
 #: What a bundle's header holds: what is known when the run starts.
