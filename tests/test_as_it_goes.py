@@ -114,7 +114,12 @@ def test_a_bundle_cut_at_any_byte_loads_as_far_as_it_goes(recording: Any, tmp_pa
     assert load_trace(path).complete
 
 
-def test_a_missing_call_cuts_the_calls_after_it(recording: Any, tmp_path: Path) -> None:
+def test_a_missing_call_is_named_and_the_calls_after_it_are_kept(
+    recording: Any, tmp_path: Path
+) -> None:
+    """A hole in the numbers is a call that had not ended (another thread's, when a call after
+    it is there): the calls after it ended and returned, so they stay (issue 28: they were left
+    out, and a thread's call that returned was not in the bundle)."""
     path = tmp_path / "run.sftrace"
     with record(path):
         for n in range(3):
@@ -127,9 +132,31 @@ def test_a_missing_call_cuts_the_calls_after_it(recording: Any, tmp_path: Path) 
     cut = tmp_path / "cut.sftrace"
     cut.write_bytes(b"\n".join(kept))
     trace = load_trace(cut)
-    assert [c.id for c in trace.calls] == ["call-1"]
-    assert "call-2 is not in it" in (trace.incomplete_reason or "")
-    assert "the 1 call(s) numbered after it are left out too" in (trace.incomplete_reason or "")
+    assert [c.id for c in trace.calls] == ["call-1", "call-3"]
+    assert all(trace.outcome_of(c) is not None for c in trace.calls)
+    assert "; call-2 is not in it (not ended" in (trace.incomplete_reason or "")
+    assert "left out" not in (trace.incomplete_reason or "")
+    assert validate_structure(trace) == []
+
+
+def test_calls_nested_in_a_missing_call_are_left_out(recording: Any, tmp_path: Path) -> None:
+    path = tmp_path / "run.sftrace"
+    with record(path):
+        leaf(0)
+        branch(1)  # call-2, its leaves call-3 and call-4 (written before it)
+        leaf(5)
+    lines = path.read_bytes().split(b"\n")
+    start = next(i for i, line in enumerate(lines) if b'"id":"call-2"' in line)
+    kept = lines[:start] + lines[start + 4 :]
+    kept = [line for line in kept if not line.startswith((b'{"run":', b'{"end":'))]
+    cut = tmp_path / "cut.sftrace"
+    cut.write_bytes(b"\n".join(kept))
+    trace = load_trace(cut)
+    assert [c.id for c in trace.calls] == ["call-1", "call-5"]
+    assert (trace.incomplete_reason or "").endswith(
+        "call-2 is not in it (not ended, or ended within the flush interval), so the 2 call(s) "
+        "nested in it are left out too"
+    )
 
 
 def test_saved_in_one_piece_or_as_it_goes_the_same_trace(recording: Any, tmp_path: Path) -> None:

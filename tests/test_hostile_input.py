@@ -439,3 +439,116 @@ def test_what_cannot_be_a_tool_is_returned_unchanged_with_a_warning(
     assert "its signature cannot be read" in messages[0]
     assert "it is a generator" in messages[2]
     assert dict(a=1) == {"a": 1}
+
+
+# --- issue 28: what one tool writes, the others read ----------------------------------------------
+
+
+def _set_output(span: dict[str, Any], text: str) -> None:
+    for attribute in span["attributes"]:
+        if attribute["key"] == "output.value":
+            attribute["value"] = {"stringValue": text}
+        if attribute["key"] == "stepfork.output.sha256":
+            attribute["value"] = {"stringValue": hashlib.sha256(text.encode()).hexdigest()}
+        if attribute["key"] == "stepfork.output.size":
+            attribute["value"] = {"intValue": str(len(text))}
+
+
+def test_an_import_never_writes_a_bundle_its_loader_refuses(
+    otlp_line: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A payload nested 300 deep is within the collector line's nesting limit (it is a string
+    there) but beyond the bundle's: the import exited 0 and wrote a bundle ``Trace.load``
+    refused. Now the payload imports as missing, the problem named, and the bundle loads."""
+    _set_output(_tool_span(otlp_line), "[" * 300 + "]" * 300)
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(orjson.dumps(otlp_line) + b"\n")
+    out = tmp_path / "out"
+    assert main(["import", str(path), "-o", str(out)]) == 1  # attention: a payload is missing
+    printed = capsys.readouterr().out
+    assert "output.value is nested deeper than 254 levels" in printed
+    (bundle,) = out.iterdir()
+    trace = load_trace(bundle)  # what import writes, load reads
+    outcome = trace.outcome_of(trace.calls[0])
+    assert isinstance(outcome, ToolResult)
+    assert outcome.output is None
+    assert trace.outcome_of(trace.calls[1]).output == '"PORTO"'  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("NaN", "unexpected character"),
+        ('{"price":1e400}', "infinity"),
+        ("1" * 1_000_000, "4300 digits"),
+        ('{"a":1,}', "trailing comma"),
+    ],
+)
+def test_validate_rejects_a_payload_replay_cannot_read(
+    recording: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, why: str
+) -> None:
+    """A payload with a matching fingerprint that is no JSON replay reads (NaN, a number beyond
+    a double, an integer of a million digits, a trailing comma) passed ``validate
+    --verify-integrity`` -- the fingerprint was all it checked -- and replay then refused it."""
+
+    @trace_tool
+    def lookup() -> Any:
+        return {"n": 1}
+
+    with record(tmp_path / "run.sftrace"):
+        lookup()
+    trace = Trace.load(tmp_path / "run.sftrace")
+    bad = save_trace(_with_output(trace, trace.calls[0].id, text), tmp_path / "bad.sftrace")
+    with ReplaySession.from_trace(bad), pytest.raises(Exception, match="not valid JSON"):
+        lookup()  # what replay refuses ...
+    capsys.readouterr()
+    assert main(["validate", "--verify-integrity", str(bad)]) == 1  # ... validate refuses
+    printed = capsys.readouterr().out
+    assert "INVALID (1 problem)" in printed
+    assert f"{trace.calls[0].id}.result: output is not valid JSON (" in printed
+    assert why in printed
+    assert len(printed) < 1000  # (the message quotes no million digits)
+    assert main(["validate", str(bad)]) == 0  # (without --verify-integrity: payloads unread)
+
+
+def _golden_line(prefix: bytes) -> tuple[list[bytes], int]:
+    lines = GOLDEN.read_bytes().split(b"\n")
+    return lines, next(n for n, line in enumerate(lines) if line.startswith(prefix))
+
+
+@pytest.mark.parametrize(
+    ("where", "edit", "key"),
+    [
+        # a second replay_policy: orjson and pydantic keep the last, silently
+        (
+            b'{"type":"tool_call"',
+            (b'"status":"ok",', b'"status":"ok","replay_policy":"forbidden",'),
+            "replay_policy",
+        ),
+        (b'{"type":"llm_response"', (b'"usage":{', b'"usage":{"input_tokens":1,'), "input_tokens"),
+        (b'{"type":"tool_result"', (b'"seq":2,', b'"seq" : 2 ,"seq":2,'), "seq"),  # (spaces too)
+        (b'{"format"', (b'"trace_id":', b'"created_by":"x","trace_id":'), "created_by"),
+        (b'{"run"', (b'"complete":', b'"complete":false,"complete":'), "complete"),
+    ],
+)
+def test_a_key_twice_in_a_header_or_event_line_is_a_bundle_error(
+    tmp_path: Path, where: bytes, edit: tuple[bytes, bytes], key: str
+) -> None:
+    """JSON parsers disagree on which of two equal keys counts (orjson and pydantic keep the
+    last, others the first): a bundle whose lines hold one twice was loaded silently, the
+    second value winning -- ``replay_policy`` included."""
+    lines, n = _golden_line(where)
+    assert edit[0] in lines[n]
+    lines[n] = lines[n].replace(edit[0], edit[1], 1)
+    path = tmp_path / "twice.sftrace"
+    path.write_bytes(b"\n".join(lines))
+    assert f'line {n + 1}: the key "{key}" appears twice in an object' in _bundle_error(path)
+
+
+def test_colons_in_values_are_no_duplicate_keys(tmp_path: Path) -> None:
+    lines, n = _golden_line(b'{"type":"tool_call"')
+    lines[n] = lines[n].replace(b'"status":"ok"', b'"status":"ok","name_x":"a:b:c"', 1)
+    path = tmp_path / "colons.sftrace"
+    path.write_bytes(b"\n".join(lines))
+    assert "appears twice" not in _bundle_error(path)  # (an unknown field: refused as such)
+    assert load_trace(GOLDEN).run.entrypoint == "golden_agent:run_dinner_agent"  # (a colon)

@@ -33,6 +33,7 @@ from stepfork_otel.cli._common import (
 from stepfork_otel.trace.bundle import read_trace, schema_problems
 from stepfork_otel.trace.checks import (
     missing_payloads,
+    unreadable_payloads,
     unreplayable_calls,
     unverified_fields,
     validate_structure,
@@ -57,7 +58,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action="store_true",
         help=(
             "check every stored SHA-256 fingerprint: the payloads, and the lines fingerprint "
-            "over every other field"
+            "over every other field; and that every payload replay reads is JSON it can read"
         ),
     )
     add_common_arguments(parser)
@@ -77,6 +78,7 @@ def check(path: str, verify: bool) -> tuple[Trace | None, list[Problem], list[Pr
     problems = validate_structure(trace)
     if verify:
         problems += verify_integrity(trace)
+        problems += unreadable_payloads(trace)
     problems += unreplayable_calls(trace)
     warnings = missing_payloads(trace)
     if verify:

@@ -6,8 +6,9 @@ decides when a batch is done and a ``SpanExporter`` where it goes. Swapping the 
 touches the buffering.
 
 A run's bundle is written as the run goes (:class:`BundleAppender`), so a killed process leaves
-its calls on disk in a file that loads; :func:`recover_directory` deletes the half-written
-temporary files of atomic writes that dead processes left in a directory.
+its calls on disk in a file that loads (its header is renamed over the path, so a run never
+destroys the file already there before its own is on disk); :func:`recover_directory` deletes the
+half-written temporary files of atomic writes that dead processes left in a directory.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import logging
 import os
 import queue
 import re
+import secrets
+import sys
 import threading
 import time
 import weakref
@@ -25,6 +28,7 @@ from collections import deque
 from pathlib import Path
 from typing import NamedTuple
 
+import orjson
 from opentelemetry import context as context_api
 
 from stepfork_otel._internal import log_internal_error
@@ -34,18 +38,24 @@ from stepfork_otel.constants import (
     FLUSH_BUFFER_BYTES,
 )
 from stepfork_otel.trace.bundle import (
+    NO_TRAILER_REASON,
     TMP_SUFFIX,
+    WRITE_FAILED_REASON,
     BundleEncoder,
     Encoded,
     bundle_file_name,
     save_trace,
 )
 from stepfork_otel.trace.conversion import SpanRecord, span_events
+from stepfork_otel.trace.errors import one_line
 from stepfork_otel.trace.models import Trace
 
 logger = logging.getLogger("stepfork_otel")
 
 #: The API's suppression key (set while a bundle is written, so nothing it does is traced).
+#: The header's reason as written (quoted), which a failed write overwrites in place.
+_NO_TRAILER = orjson.dumps(NO_TRAILER_REASON)
+
 _SUPPRESS_KEY = getattr(context_api, "_SUPPRESS_INSTRUMENTATION_KEY", "suppress_instrumentation")
 
 
@@ -127,14 +137,12 @@ class BundleAppender:
         self._close: _Wait | None = None
         self._last_sync = time.monotonic()
         self._packer = zlib.compressobj(6, zlib.DEFLATED, 31) if path.name.endswith(".gz") else None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
-        self._fd: int | None = os.open(path, flags, 0o644)
-        try:
-            self._write(encoder.head())
-        except BaseException:
-            os.close(self._fd)
-            raise
+        head = encoder.head()
+        self._reason_at = -1 if self._packer is not None else head.find(_NO_TRAILER)
+        """Where the header's reason is (-1: not to be rewritten: compressed)."""
+        self._fd: int | None = _create_with_header(
+            path, head, self._packer, sync=fsync_interval is not None
+        )
         _WRITER.add(self)
 
     # -- the recording threads: queue, and wait when asked to ----------------------------------
@@ -301,14 +309,66 @@ class BundleAppender:
                 item.set()
 
     def _fail(self) -> None:
-        """A write failed: log it, close the file as it is, write nothing more."""
+        """A write failed: log it, say why in the file if it can, close the file as it is,
+        write nothing more."""
         self.failed = True
+        why = sys.exc_info()[1]
         log_internal_error(f"writing the bundle {self.path}")
         fd, self._fd = self._fd, None
         self._release()
         if fd is not None:
+            if why is not None and self._reason_at >= 0:
+                self._say_why(fd, why)
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+    def _say_why(self, fd: int, why: BaseException) -> None:
+        """The header's reason (``the recording stopped before the run ended``, untrue when the
+        run went on) overwritten in place by why the writing stopped, padded with spaces
+        outside the string to the same length: no byte moves, and on a full disk the write
+        needs no new block. Best effort (a failure is left as it is)."""
+        text = WRITE_FAILED_REASON + one_line(str(why))
+        quoted = orjson.dumps(text)
+        while len(quoted) > len(_NO_TRAILER):
+            text = text[:-2] + "…"
+            quoted = orjson.dumps(text)
+        with contextlib.suppress(OSError):
+            os.pwrite(fd, quoted.ljust(len(_NO_TRAILER)), self._reason_at)
+
+
+def _create_with_header(
+    path: Path, head: bytes, packer: zlib._Compress | None, *, sync: bool
+) -> int:
+    """The bundle's file, holding ``head``, open for appending: the header is written to a
+    temporary file in the same directory (named as :func:`recover_directory` knows: the pid
+    tells a dead process's), fsynced, and renamed over ``path``. So a file already at ``path`` --
+    the previous run's bundle -- stays whole until the new one, header and all, replaces it in
+    one step: a kill at any moment leaves one or the other, never an empty file. ``sync``: fsync
+    the header before the rename (unless the fsync policy is never: then a power cut -- not a
+    kill -- may leave the name on an empty file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:  # (O_EXCL: a name taken is tried again; 0o644 less the umask, as any file)
+        tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}{TMP_SUFFIX}"
+        try:
+            fd = os.open(tmp, flags, 0o644)
+            break
+        except FileExistsError:
+            continue
+    try:
+        data = head if packer is None else packer.compress(head) + packer.flush(zlib.Z_SYNC_FLUSH)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if sync:
+            os.fsync(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return fd
 
 
 class _Wait:
@@ -471,7 +531,7 @@ _TMP_NAME = re.compile(r"^\..+\.(\d+)\.[^.]+" + re.escape(TMP_SUFFIX) + "$")
 
 def recover_directory(directory: Path) -> None:
     """What dead processes left in ``directory``: half-written temporary files of atomic writes
-    are deleted (a bundle written as its run went needs no recovery: it loads as it is). Files
+    (a bundle saved whole, or the header of a run's bundle before its rename) are deleted (a bundle written as its run went needs no recovery: it loads as it is). Files
     of processes that are still running are left alone (the pid in the name tells). Never
     raises: a file it cannot handle is left."""
     try:

@@ -11,6 +11,7 @@ for reading live with a note.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -78,6 +79,8 @@ class ReadServer:
         self.cursor = 0
         self.notes: list[str] = []
         self.uncaptured: list[str] = []
+        self.readers: dict[tuple[str, str], set[int]] = {}
+        """(source, site) -> the threads its recorded values were served to."""
 
     def environment_notes(self) -> list[str]:
         """How this process's environment differs from the recorded one (names, never values)."""
@@ -123,9 +126,25 @@ class ReadServer:
                 ],
             )
         self.cursor += 1
+        self.readers.setdefault((source, str(site)), set()).add(threading.get_ident())
         return True, expected.value
 
+    def cross_thread(self) -> list[str]:
+        """A line for each call site whose captured values were served to several threads:
+        values are served in the recorded order of the run's reads, which concurrent threads
+        need not keep, so one thread may have been served another's value (the input of the
+        call it makes next then differs, for that reason)."""
+        return [
+            f"captured reads of {source} at {site} were served to {len(threads)} threads: "
+            "captured values are served in the order the recording read them, which concurrent "
+            "threads need not keep, so a thread may have been served the value another thread "
+            "read in the recording; make such reads in one thread (or behind a boundary)"
+            for (source, site), threads in self.readers.items()
+            if len(threads) > 1
+        ]
+
     def _diverged(self, reason: str, details: list[str]) -> tuple[bool, Any]:
+        details = [*details, *self.cross_thread()]
         if self.policy == "lenient":
             self.notes.append(f"read live (captured='lenient'): {reason}")
             return False, None
@@ -135,13 +154,15 @@ class ReadServer:
         return self.values[self.cursor :]
 
     def hint(self) -> list[str]:
-        """Detail lines for a call mismatch that uncaptured reads may explain."""
+        """Detail lines for a call mismatch that uncaptured reads -- or captured values served
+        across threads -- may explain."""
+        lines = self.cross_thread()
         if not self.uncaptured:
-            return []
-        lines = [
+            return lines
+        lines.append(
             "before this, the run read values the recording did not capture: "
             + ", ".join(self.uncaptured)
-        ]
+        )
         groups = sorted({group_of(entry.split(" ", 1)[0]) for entry in self.uncaptured})
         lines.append(
             "if the input differs because of them, record with "

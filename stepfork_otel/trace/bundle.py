@@ -44,6 +44,7 @@ import contextlib
 import functools
 import gc
 import hashlib
+import json
 import os
 import re
 import tempfile
@@ -51,7 +52,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from io import BytesIO
 from itertools import compress, repeat
-from operator import attrgetter, itemgetter
+from operator import add, attrgetter, itemgetter, sub
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -134,6 +135,8 @@ _END = b'{"end":'
 _RUN = b'{"run":'  # the trailer of a bundle written as its run went
 _CAPTURED = b'{"captured":'  # captured reads, as they were made (written as it went)
 _KIND_EVENT, _KIND_IN, _KIND_OUT = ord("t"), ord("i"), ord("o")
+#: A payload map's byte as 1 for an event with a payload line (I, O), 0 without (t).
+_PAYLOADS = bytes.maketrans(b"tIO", b"\x00\x01\x01")
 # one byte per line (the line's third byte: t(ype), i(nput), o(utput)); a valid run of lines
 _GRAMMAR = re.compile(rb"(?:t[io]?)*")
 _ONLY_EVENTS = bytes(1 if i == _KIND_EVENT else 0 for i in range(256))
@@ -475,6 +478,7 @@ class _Reader:
                 raise self.error(f"trailer is not valid JSON: {exc}", self.lineno) from None
             if json_depth_exceeds(trailer, self.limits.max_json_depth):
                 raise self.too_deep(self.lineno)
+            self.check_keys(line, _keys_in(trailer), self.lineno)
             if not (isinstance(trailer, dict) and isinstance(trailer.get("run"), dict)):
                 raise self.error('trailer must be an object with a "run" object', self.lineno)
             if "input" in trailer["run"] or "output" in trailer["run"] or "events" in trailer:
@@ -508,6 +512,7 @@ class _Reader:
             raise self.error('not a .sftrace bundle (no "format": "sftrace" field)')
         if json_depth_exceeds(head, self.limits.max_json_depth):
             raise self.too_deep(1)
+        self.check_keys(line, _keys_in(head), 1)
         version = head.get("format_version")
         if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
             raise _newer(self.path, version)
@@ -658,13 +663,60 @@ class _Reader:
         # Events with the same fields set share one set object: a set per event was 0.29x the
         # file's size in memory (the models are frozen: nothing adds to it after this).
         own = list(map(_fields_set, batch))
+        joined = b"".join(event_lines)
+        # A key twice (which orjson and pydantic read silently, the last winning): each key is
+        # followed by a colon, so when the lines hold no more colons than the events have keys
+        # (their fields, less the payloads just set, and the entries of ``usage``, the one
+        # nested object) no key can be there twice -- one count in C over the batch. Only the
+        # lines of a batch with colons to spare (a colon in a value) are looked at closely.
+        keys = sum(map(len, own)) - (len(per_event) - per_event.count(b"t"))
+        keys += sum(map(len, filter(None, [e.usage for e in batch if type(e) is LlmResponse])))
+        if joined.count(b":") != keys:
+            self.check_event_keys(kinds, event_lines, batch, own, per_event)
         ones = list(map(self.fields_sets.setdefault, map(frozenset, own), own))
         for event, one, fields in zip(batch, ones, own, strict=True):
             if one is not fields:
                 _set_attribute(event, "__pydantic_fields_set__", one)
         self.events += batch
-        self.lines_hash.update(b"".join(event_lines))  # (SHA-256 of 89 MB: 42 ms)
+        self.lines_hash.update(joined)  # (SHA-256 of 89 MB: 42 ms)
         self.payload_map.append(per_event)
+
+    def check_event_keys(
+        self,
+        kinds: bytes,
+        event_lines: list[bytes],
+        batch: list[Event],
+        own: list[set[str]],
+        per_event: bytes,
+    ) -> None:
+        """The event lines of a batch whose colons outnumber its keys, one by one: a line whose
+        colons are its keys and its ``usage`` entries' (the one nested object) holds no key
+        twice; any other is parsed again, keeping every key (rare: a colon in a value)."""
+        colons = list(map(bytes.count, event_lines, repeat(b":")))
+        # colons beyond each line's fields (a payload set on its event is no key of its line)
+        spare = list(map(add, map(sub, colons, map(len, own)), per_event.translate(_PAYLOADS)))
+        for n in compress(range(len(spare)), spare):  # (in C up to here)
+            event = batch[n]
+            usage = event.usage if type(event) is LlmResponse else None
+            nested = len(usage) if usage else 0
+            if spare[n] != nested:
+                self.check_keys(
+                    event_lines[n], colons[n] - spare[n] + nested, self.event_line(kinds, n)
+                )
+
+    def check_keys(self, line: bytes, keys: int, lineno: int) -> None:
+        """``keys``: how many keys ``line`` holds once parsed, at every level. No more colons
+        than that: no key twice (each is followed by one); else the line is parsed again,
+        keeping every key, and the first key held twice is an error."""
+        if line.count(b":") <= keys:
+            return
+        twice = _key_twice(line)
+        if twice is not None:
+            raise self.error(
+                f"the key {_quoted_key(twice)} appears twice in an object (JSON readers "
+                "disagree on which one counts: a bundle holds each key once)",
+                lineno,
+            )
 
     def event_line(self, kinds: bytes, index: int) -> int:
         """The line number of the ``index``-th event line among ``kinds``."""
@@ -710,7 +762,9 @@ class _Reader:
         end = self.end
         if end is None and self.may_end_early():  # (cut short: what it holds, incomplete)
             self.head["complete"] = False
-            self.head["incomplete_reason"] = NO_TRAILER_REASON
+            said = self.head.get("incomplete_reason")
+            failed = isinstance(said, str) and said.startswith(WRITE_FAILED_REASON)
+            self.head["incomplete_reason"] = said if failed else NO_TRAILER_REASON
             self.events = _cut_short(self.events, self.head)
             end = {"end": FORMAT_NAME, "events": len(self.events)}
             if self.captured_lines:  # the reads of the calls kept
@@ -758,6 +812,42 @@ class _Reader:
         return trace
 
 
+def _keys_in(value: Any) -> int:
+    """The keys of every object in a parsed JSON value (iterative; its depth is checked)."""
+    count = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            count += len(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
+
+
+def _key_twice(line: bytes) -> str | None:
+    """The first key an object of ``line`` holds twice (None: none), read by the standard
+    library's parser, which hands each object's keys over as they are written. (Only for a
+    line already parsed once: valid JSON, its depth bounded.)"""
+    twice: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> None:
+        if not twice and len({key for key, _ in items}) != len(items):
+            seen: set[str] = set()
+            twice.append(next(key for key, _ in items if key in seen or seen.add(key)))  # type: ignore[func-returns-value]
+
+    try:
+        json.loads(line, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):  # (20-digit numbers, say: what orjson read is valid)
+        return None
+    return twice[0] if twice else None
+
+
+def _quoted_key(key: str) -> str:
+    return orjson.dumps(quote(key)).decode()
+
+
 def _torn(event: Event) -> bool:
     """An event whose payload line the kill cut off (it names a fingerprint, no reason)."""
     if isinstance(event, (ToolCall, LlmRequest)):
@@ -768,24 +858,39 @@ def _torn(event: Event) -> bool:
 
 
 def _cut_short(events: list[Event], head: dict[str, Any]) -> list[Event]:
-    """The events of a bundle whose writing stopped mid-way (no end line), as far as
-    they go on without a hole: the last event if the kill cut its payload line off, and every
-    call from the first call number missing on (with their outcomes) are left out -- a call is
-    written when it ends, so the missing one had not ended (or was still in the buffer), and
-    replay stops there."""
+    """The events of a bundle whose writing stopped mid-way (no end line): the last event is
+    left out if the kill cut its payload line off. A call is numbered when it starts and written
+    when it ends, so a number missing is a call that had not ended (or was still queued): every
+    call that is there is kept -- with concurrent calls, one that returned after a call another
+    thread started and had not ended is on disk and stays -- except the calls nested in one that
+    is missing (ended while it ran: a replay cannot reach them without it). The reason names
+    the missing numbers."""
     while events and _torn(events[-1]):
         events = events[:-1]
-    numbers = sorted(e.seq for e in events if isinstance(e, (ToolCall, LlmRequest)))
-    cut = next((n for n, seq in enumerate(numbers, start=1) if seq != n), None)
-    if cut is None:
-        return events
-    dropped = {e.id for e in events if isinstance(e, (ToolCall, LlmRequest)) and e.seq >= cut}
-    kept = [e for e in events if e.id not in dropped and e.parent_id not in dropped]
-    head["incomplete_reason"] = (
-        f"{NO_TRAILER_REASON}; call-{cut} is not in it (it had not ended, or ended within the "
-        f"flush interval), so the {len(dropped)} call(s) numbered after it are left out too"
+    calls = sorted(
+        (e for e in events if isinstance(e, (ToolCall, LlmRequest))), key=attrgetter("seq")
     )
-    return kept
+    if all(c.seq == n for n, c in enumerate(calls, start=1)):
+        return events  # (no hole: nothing to name, nothing nested in a missing call)
+    present = {c.seq for c in calls}
+    missing = [n for n in range(1, calls[-1].seq) if n not in present]
+    ids = {c.id for c in calls}
+    dropped: set[str] = set()
+    for call in calls:  # (by number: the call a call is nested in comes first)
+        if call.parent_id is not None and (call.parent_id not in ids or call.parent_id in dropped):
+            dropped.add(call.id)
+    named = ", ".join(f"call-{n}" for n in missing[:5]) + (
+        f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+    )
+    reason = (
+        f"{head['incomplete_reason']}; {named} {'is' if len(missing) == 1 else 'are'} not in it (not ended, "
+        "or ended within the flush interval)"
+    )
+    if dropped:
+        them = "it" if len(missing) == 1 else "them"
+        reason += f", so the {len(dropped)} call(s) nested in {them} are left out too"
+    head["incomplete_reason"] = reason
+    return [e for e in events if e.id not in dropped and e.parent_id not in dropped]
 
 
 class TruncatedGzip(BundleError):
@@ -1053,6 +1158,9 @@ _dump_event = EVENT_ADAPTER.dump_json
 
 #: Why a bundle written as its run went, and never closed by its trailer, is incomplete.
 NO_TRAILER_REASON = "the recording stopped before the run ended (the bundle has no trailer)"
+#: How the reason a writer puts in the header, in place of :data:`NO_TRAILER_REASON`, when a
+#: write failed (a full disk) starts: a bundle without trailer then says that instead.
+WRITE_FAILED_REASON = "writing the bundle failed: "
 
 
 #: What a bundle's header holds: what is known when the run starts.

@@ -22,6 +22,7 @@ import orjson
 
 from stepfork_otel.trace.canonical import (
     UNSERIALISABLE_MARKER,
+    loads,
     model_fingerprint,
     sha256_hex,
     short_fingerprint,
@@ -401,6 +402,36 @@ def unreplayable_calls(trace: Trace) -> list[Problem]:
                 f"serialised when recorded ({quote(reason)}), so replay cannot substitute it",
             )
         )
+    return problems
+
+
+def unreadable_payloads(trace: Trace) -> list[Problem]:
+    """Each payload replay reads as a value -- a call's recorded result (substituted), the run's
+    input (passed to the entrypoint) -- that is not JSON it can read: ``NaN``, a number beyond
+    a double (``1e400``), an integer of more than 4,300 digits, malformed text. Its fingerprint
+    may match (a bundle built or edited by hand): the fingerprint says the text is what was
+    recorded, not that it is JSON. Parsed as replay parses them (:func:`~stepfork_otel.trace.
+    canonical.loads`); a call's input is compared by its fingerprint, never parsed, so it is not
+    looked at here."""
+    problems: list[Problem] = []
+    texts: list[tuple[str | None, str, str]] = []
+    if trace.run.input is not None:
+        texts.append((None, "run input", trace.run.input))
+    for event in trace.events:
+        if type(event) in (ToolResult, LlmResponse) and event.output is not None:  # type: ignore[union-attr]
+            texts.append((event.id, "output", event.output))  # type: ignore[union-attr]
+    for event_id, what, text in texts:
+        try:
+            loads(text)
+        except (ValueError, RecursionError) as exc:
+            why = str(exc).split(": line 1 column", 1)[0]
+            problems.append(
+                Problem(
+                    event_id,
+                    f"{what} is not valid JSON ({quote(why)}), so replay cannot "
+                    + ("substitute it" if event_id is not None else "pass it to the entrypoint"),
+                )
+            )
     return problems
 
 

@@ -142,22 +142,22 @@ class _GzipMeter:
 
     def _check(self) -> None:
         limits, expanded = self._limits, self._expanded
-        if expanded > limits.max_decompressed_bytes:
-            reason = f"expands beyond {limits.max_decompressed_bytes} bytes"
-            what = "the decompressed-size limit"
-        elif (
-            expanded > limits.ratio_free_bytes
-            and expanded > limits.max_compression_ratio * self._consumed
+        if expanded > limits.max_decompressed_bytes:  # (the words every reader's own cap says)
+            raise ExpansionLimitError(
+                self._path,
+                f"expands beyond {limits.max_decompressed_bytes} bytes (the decompressed-size limit)",
+                self._consumed,
+            )
+        if expanded > limits.ratio_free_bytes and expanded > limits.max_compression_ratio * (
+            self._consumed
         ):
-            reason = f"expands more than {limits.max_compression_ratio} times its compressed size"
-            what = "the compression-ratio limit"
-        else:
-            return
-        raise ExpansionLimitError(
-            self._path,
-            f"{reason} ({what}; {expanded} bytes from its first {self._consumed} compressed bytes)",
-            self._consumed,
-        )
+            raise ExpansionLimitError(
+                self._path,
+                f"expands more than {limits.max_compression_ratio} times its compressed size "
+                f"(the compression-ratio limit; {expanded} bytes from its first {self._consumed} "
+                "compressed bytes)",
+                self._consumed,
+            )
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         position = self._raw.seek(offset, whence)

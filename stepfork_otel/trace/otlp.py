@@ -360,9 +360,25 @@ class _Decoded:
     record: SpanRecord
     base64_ids: bool
     dropped_attributes: int
-    damaged_payloads: tuple[str, ...] = ()
-    """Payload attributes dropped because they are not canonical JSON text (imported as
+    damaged_payloads: tuple[tuple[str, str], ...] = ()
+    """Payload attributes dropped, and why: a bundle holding them would not load (imported as
     missing)."""
+
+
+#: The nesting a payload may have for its bundle to load (``Trace.load``'s default limit).
+_BUNDLE_DEPTH = DEFAULT_LIMITS.max_json_depth
+
+
+def _unloadable_payload(payload: str) -> str | None:
+    """Why a payload text cannot be written in a bundle that loads (None: it can). What the
+    importer writes the loader must read: such a payload is imported as missing, and named."""
+    if "\n" in payload or "\r" in payload:
+        return "is not canonical JSON text (it holds a line break)"
+    if (payload.count("[") + payload.count("{") > _BUNDLE_DEPTH) and text_depth_exceeds(
+        payload.encode("utf-8", "surrogatepass"), _BUNDLE_DEPTH
+    ):
+        return f"is nested deeper than {_BUNDLE_DEPTH} levels (the bundle's nesting limit)"
+    return None
 
 
 def decode_span(span: Any) -> _Decoded:
@@ -386,13 +402,16 @@ def decode_span(span: Any) -> _Decoded:
     end = _uint64(_get(span, "endTimeUnixNano", "end_time_unix_nano"), "endTimeUnixNano")
     name = span.get("name", "")
     attributes = decode_attributes(span.get("attributes", []))
-    damaged: list[str] = []
+    damaged: list[tuple[str, str]] = []
     for text, value, sha in _PAYLOAD_TEXTS:
         key = text if text in attributes else value if sha in attributes else None
         payload = attributes.get(key) if key is not None else None
-        if key is not None and isinstance(payload, str) and ("\n" in payload or "\r" in payload):
-            damaged.append(key)
-    for key in damaged:
+        if key is None or not isinstance(payload, str):
+            continue
+        why = _unloadable_payload(payload)
+        if why is not None:
+            damaged.append((key, why))
+    for key, _ in damaged:
         del attributes[key]
     record = SpanRecord(
         trace_id=trace_id,
@@ -813,12 +832,8 @@ class _Assembler:
                 self.report.skipped_spans += 1
                 self._problem(record.where, f"span {n} skipped: {why}", lost=ids)
                 continue
-            for key in decoded.damaged_payloads:
-                self._problem(
-                    record.where,
-                    f"span {n}: {key} is not canonical JSON text (it holds a line break); "
-                    "imported as missing",
-                )
+            for key, why in decoded.damaged_payloads:
+                self._problem(record.where, f"span {n}: {key} {why}; imported as missing")
             self._add(decoded)
         report.max_traces_in_flight = max(report.max_traces_in_flight, len(self.building))
         report.max_spans_in_flight = max(report.max_spans_in_flight, self.in_flight)
