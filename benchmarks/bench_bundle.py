@@ -11,7 +11,7 @@ peak memory is read), in interleaved rounds with its baselines: reading the file
 Lines layout; payload lines are taken verbatim, never parsed (the cost of parsing this bundle with
 a fast JSON library and building nothing), and SHA-256 over every payload (the cost of
 verification itself). Then the load is split into its parts to show what costs what. The same
-run is also written in the layout a recording writes as the run goes (format 3: the header, the
+run is also written in the layout a recording writes as the run goes (the header, the
 events, a trailer), loaded and verified the same way, and a replay session is started on it
 (load, verify, plan: the peak memory replay adds before its first call).
 """
@@ -102,7 +102,7 @@ def run(quick: bool = False) -> str:
     goes_size = as_it_goes.stat().st_size
     rows += [
         [
-            "the same run written as it goes (format 3 trailer layout): load + verify",
+            "the same run written as it goes (trailer layout): load + verify",
             fmt_ms(goes_total),
             "-",
             fmt_mb(goes_mem),

@@ -2,7 +2,7 @@
 
 One ``record(...)`` run of ``CALLS`` tool calls whose input and output are about 2 KB each, in a
 fresh child process per variant (``python -m benchmarks.bench_durability --child VARIANT N``).
-The bundle is written as the run goes (format 3): each call's events are appended when it ends,
+The bundle is written as the run goes: each call's events are appended when it ends,
 and the trailer when the run ends. Variants: the default (appends buffered, flushed by a
 background thread at most 1 s after the call ended: what a ``SIGKILL`` can lose), no background
 flush (``background_flush=False``: written when 1 MiB is buffered and at the end -- the baseline, no
@@ -144,7 +144,7 @@ def run(quick: bool = False) -> str:
             "",
             f"One `record(...)` run of {calls:,} tool calls, input and output about 2,000 B each, "
             "one fresh child process per variant, the per-trace span cap at its default (10,000). "
-            "The bundle is written as the run goes (format 3). Peak memory: resident high-water "
+            "The bundle is written as the run goes. Peak memory: resident high-water "
             "mark added by the run.",
             "",
             table(

@@ -92,7 +92,7 @@ GOLDEN_BUNDLES = {
     "dinner_dated.sftrace": (golden_agent.run_dated_agent, golden_agent.LISBON),
     "legacy_no_fingerprints.sftrace": (golden_agent.run_dinner_agent, golden_agent.LISBON),
     "missing_result.sftrace": (golden_agent.run_dinner_agent, golden_agent.LISBON),
-    # a run written as it goes (format 3), cut just before its end: no trailer
+    # a run written as it goes, cut just before its end: no trailer
     # (--write-cut-golden)
     "dinner_lisbon_cut.sftrace": (golden_agent.run_dinner_agent, golden_agent.LISBON),
 }
