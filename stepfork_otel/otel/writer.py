@@ -53,10 +53,9 @@ from stepfork_otel.trace.models import Trace
 logger = logging.getLogger("stepfork_otel")
 
 #: The API's suppression key (set while a bundle is written, so nothing it does is traced).
+_SUPPRESS_KEY = getattr(context_api, "_SUPPRESS_INSTRUMENTATION_KEY", "suppress_instrumentation")
 #: The header's reason as written (quoted), which a failed write overwrites in place.
 _NO_TRAILER = orjson.dumps(NO_TRAILER_REASON)
-
-_SUPPRESS_KEY = getattr(context_api, "_SUPPRESS_INSTRUMENTATION_KEY", "suppress_instrumentation")
 
 
 class BundleWriter:
