@@ -21,20 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
+from sdk_agents import WEATHER_TOOL
+
+TOOLS = [WEATHER_TOOL]  # the tool the SDK agents use
 TOOL_RAN: list[str] = []
 
 

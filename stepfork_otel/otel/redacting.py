@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from opentelemetry import _logs as logs_api
 from opentelemetry import trace as trace_api
@@ -185,15 +185,27 @@ def enable_span_redaction(
                 type(target).__name__,
             )
             return None
-        multi = _processors(target)
-        with multi._lock:
-            current: Sequence[SpanProcessor] = multi._span_processors
-            for existing in current:
-                if isinstance(existing, RedactingSpanProcessor):
-                    return existing
-            processor = RedactingSpanProcessor(redactor)
-            multi._span_processors = (processor, *current)
-            return processor
+        return _put_first(_processors(target), "_span_processors", RedactingSpanProcessor, redactor)
+
+
+class _Redacting(Protocol):
+    def __init__(self, redactor: Callable[[], Redactor]) -> None: ...
+
+
+_P = TypeVar("_P", bound=_Redacting)
+
+
+def _put_first(multi: Any, field: str, kind: type[_P], redactor: Callable[[], Redactor]) -> _P:
+    """The ``kind`` processor first in the SDK's processor tuple ``field`` of ``multi`` (the one
+    there already, or a new one): it runs before every exporter's processor."""
+    with multi._lock:
+        current: Sequence[Any] = getattr(multi, field)
+        for existing in current:
+            if isinstance(existing, kind):
+                return existing
+        processor = kind(redactor)
+        setattr(multi, field, (processor, *current))
+        return processor
 
 
 # --- log records ------------------------------------------------------------------------------
@@ -296,11 +308,4 @@ def enable_log_redaction(
                 type(multi).__name__,
             )
             return None
-        with multi._lock:
-            current: Sequence[Any] = multi._log_record_processors
-            for existing in current:
-                if isinstance(existing, RedactingLogRecordProcessor):
-                    return existing
-            processor = RedactingLogRecordProcessor(redactor)
-            multi._log_record_processors = (processor, *current)
-            return processor
+        return _put_first(multi, "_log_record_processors", RedactingLogRecordProcessor, redactor)
