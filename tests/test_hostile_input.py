@@ -324,7 +324,7 @@ def test_the_importer_caps_decompressed_size_and_line_length(tmp_path: Path) -> 
     numbered = b"".join(b'{"resourceSpans":[],"n":%d}\n' % n for n in range(100_000))
     lines.write_bytes(gzip.compress(numbered, compresslevel=9))
     limits = ReadLimits(max_decompressed_bytes=1_000_000)
-    assert "expands beyond 1000000 bytes (the decompressed-size limit" in _import_error(
+    assert "expands beyond 1000000 bytes (the decompressed-size limit)" in _import_error(
         lines, limits=limits
     )
 
