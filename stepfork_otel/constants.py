@@ -38,7 +38,8 @@ KIND: Final = "stepfork.kind"
 CALL_SEQ: Final = "stepfork.call.seq"
 #: Per-call replay policy recorded with the call (see ``stepfork_otel.trace.policy``).
 REPLAY_POLICY: Final = "stepfork.replay.policy"
-#: Redacted canonical JSON of the call input (tool arguments, LLM request, run input).
+#: The hand-off key of a call's (or run's) redacted canonical input. Never a span attribute since
+#: format 4: the text travels once, as ``input.value``.
 INPUT: Final = "stepfork.input"
 #: SHA-256 (hex) of the UTF-8 bytes of the redacted canonical input.
 INPUT_SHA256: Final = "stepfork.input.sha256"
@@ -48,7 +49,8 @@ INPUT_SIZE: Final = "stepfork.input.size"
 INPUT_OMITTED: Final = "stepfork.input.omitted"
 #: First characters of the redacted canonical input, present when the input was left off.
 INPUT_PREVIEW: Final = "stepfork.input.preview"
-#: Redacted canonical JSON of the call output (tool return value, LLM response, run output).
+#: The hand-off key of a call's redacted output as returned (a run's: canonical). Never a span
+#: attribute since format 4: the text travels once, as ``output.value``.
 OUTPUT: Final = "stepfork.output"
 #: SHA-256 (hex) of the UTF-8 bytes of the redacted canonical output.
 OUTPUT_SHA256: Final = "stepfork.output.sha256"
@@ -163,8 +165,8 @@ OI_MODEL_NAME: Final = "llm.model_name"
 OI_TOKEN_COUNT_PROMPT: Final = "llm.token_count.prompt"
 OI_TOKEN_COUNT_COMPLETION: Final = "llm.token_count.completion"
 
-#: The attributes of one payload, in this order: text, sha256, size, omitted, preview, and the
-#: OpenInference value and mime type. Written by the boundaries, read by the span -> event
+#: The keys of one payload, in this order: the hand-off key, sha256, size, omitted, preview, and
+#: the OpenInference value (the text on the span) and mime type. Written by the boundaries, read by the span -> event
 #: conversion.
 INPUT_KEYS: Final = (
     INPUT,
