@@ -6,7 +6,7 @@ this module recognises is given the attributes and payloads a span of ``instrume
 carries (``stepfork.kind`` ``llm``, provider, model, operation, the input as the HTTP exchange
 ``{"body", "method", "url"}`` and the output as ``{"status", "headers", "body"}``), its trace's
 local root becomes the run, and the one conversion
-(:func:`~stepfork_otel.trace.conversion.spans_to_trace`) builds the bundle: there is no second
+(:func:`~stepfork_otel.trace.builder.spans_to_trace`) builds the bundle: there is no second
 converter. Replay then serves the calls to the OpenAI SDK through ``instrument_openai()``.
 
 What an OpenInference OpenAI span holds (``openinference-instrumentation-openai`` 0.1.x, read from
