@@ -98,6 +98,13 @@ def _regex_set(sources: Iterable[str]) -> Any:
     return regex_set
 
 
+@functools.lru_cache(maxsize=4096)
+def _one_set(source: str) -> Any:
+    """``source`` as a set of one: whether it matches somewhere, without where (RE2 then skips
+    the backward pass that finds where a match starts)."""
+    return _regex_set((source,))
+
+
 #: A gate that fires for more rules than this is followed by one search of every rule at once
 #: (the set), fewer by a search of each of them (a small expression, often a literal's speed).
 _FEW = 3
@@ -566,13 +573,9 @@ class Redactor:
             return sorted(self._set.Match(scan))
         out: list[int] = []
         exact = self._exact
-        end = len(scan)
         for index in sorted(candidates):
             source = exact[index]
-            if (
-                source is None
-                or _compile(source, False).Match(_UNANCHORED, scan, 0, end)[0][0] >= 0
-            ):
+            if source is None or _one_set(source).Match(scan):
                 out.append(index)
                 if first:
                     break
