@@ -229,3 +229,14 @@ def test_a_user_rule_without_a_gate_is_still_found_by_the_precheck() -> None:
     assert redactor.may_contain_secret(text)
     assert "123456789" not in redactor.redact_canonical(text)
     assert not redactor.may_contain_secret(canonical_json({"q": "badge 12345 issued"}))
+
+
+def test_a_rule_nested_deeper_than_the_stack_or_growing_when_distributed_stays_whole() -> None:
+    # never an exception out of building a redactor: such a rule is simply its own gate
+    deep = "(?:" * 2000 + "secret" + ")" * 2000
+    assert gate_of(deep) in (None, "secret")
+    branches = "".join(f"(?:a{n}|b{n})" for n in range(40)) + "x"  # 2^40 distributions
+    assert gate_of(branches) is None
+    redactor = Redactor().with_rules(patterns=[("branches", branches)])
+    text = canonical_json({"q": "".join(f"a{n}" for n in range(40)) + "x"})
+    assert redactor.redact_canonical(text) != text

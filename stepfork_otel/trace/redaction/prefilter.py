@@ -45,6 +45,8 @@ import sys
 import warnings
 from typing import Any, NamedTuple
 
+from re2 import _re2
+
 # Python's regular-expression parser (private; ``sre_parse`` before 3.11, deprecated after)
 if sys.version_info >= (3, 11):  # pragma: no branch
     _sre: Any = importlib.import_module("re._parser")
@@ -57,6 +59,8 @@ else:  # pragma: no cover
 _MIN_RUN = 1.5
 #: Work allowed per rule (runs computed), so that a huge user alternation costs a bounded time.
 _BUDGET = 20_000
+#: A gate this many times longer than its rule is not worth it: the rule is its own gate.
+_MAX_GROWTH = 8
 #: A character class of at most this many characters counts as half a literal.
 _SMALL_CLASS = 8
 _BIG = 1 << 20
@@ -276,6 +280,12 @@ def gate_of(source: str) -> str | None:
     """An RE2 expression that matches wherever ``source`` (RE2, no captures needed) matches,
     cheaper to search; None when none is found (the rule is its own gate)."""
     try:
-        return _relaxed(_parse(source), _Budget())
-    except _Unsupported:
+        gate = _relaxed(_parse(source), _Budget())
+    except (_Unsupported, RecursionError):  # (a rule nested deeper than Python's stack)
         return None
+    if gate is None or len(gate) > _MAX_GROWTH * len(source) + 1000:
+        return None  # (alternations distributed over a long rest: no smaller than the rule)
+    options = _re2.RE2.Options()
+    options.log_errors = False
+    options.never_capture = True
+    return gate if _re2.RE2(gate.encode("utf-8"), options).ok() else None
