@@ -497,8 +497,9 @@ class Redactor:
         return UNSTABLE_MARKER
 
     def may_change_texts(self, texts: Iterable[str]) -> bool:
-        """One RE2 scan over ``texts``: False means :meth:`redact_text` leaves every one of them
-        unchanged (each is put between quotes, as the strings of a payload's scan form are)."""
+        """One RE2 search of the gates over ``texts`` (then of the rules they name): False means
+        :meth:`redact_text` leaves every one of them unchanged (each is put between quotes, as
+        the strings of a payload's scan form are)."""
         data = b'"' + b'"\x00"'.join(t.encode("utf-8", "surrogatepass") for t in texts) + b'"'
         return bool(self._matched(data, first=True))
 
