@@ -36,10 +36,7 @@ from stepfork_otel.trace.errors import BundleError
 #: line ``stepfork --help`` shows for it (the module's own ``help=``, kept equal by a test).
 COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("replay_cmd", "re-run an entrypoint against a recorded bundle and compare"),
-    "validate": (
-        "validate_cmd",
-        "check bundles: schema, structure, and (optionally) every fingerprint",
-    ),
+    "validate": ("validate_cmd", "check bundles: schema, structure, fingerprints, completeness"),
     "export": ("export_cmd", "turn a recorded run into a regression test"),
     "show": ("show_cmd", "print a recorded run as a tree of calls"),
     "diff": ("diff_cmd", "the first point where two recorded runs differ"),
