@@ -1,17 +1,20 @@
 """``stepfork import`` as a command (issue 27): it refuses to overwrite a bundle without
-``--force``, as ``export`` refuses to overwrite a test; ``--json`` says the same as the lines."""
+``--force``, as ``export`` refuses to overwrite a test; ``--json`` says the same as the lines; and
+a bundle whose application span never reached the collector is not called complete."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Recording
+from opentelemetry import trace as trace_api
 from otlp_receiver import collector_lines
 
 import examples.booking_agent as booking
-from stepfork_otel import cli
+from stepfork_otel import cli, record, trace_tool
 from stepfork_otel.trace.models import Trace
 
 
@@ -103,3 +106,49 @@ def test_import_json_says_what_the_lines_say(
     assert {b["error"] for b in again["bundles"]} == {"exists (use --force to overwrite)"}
     assert again["exit_code"] == 2
     assert stderr.startswith("stepfork: error: 2 bundles not written")
+
+
+@trace_tool
+def lookup(city: str) -> dict[str, Any]:
+    return {"city": city}
+
+
+def test_calls_whose_application_span_never_arrived_are_incomplete(
+    recording: Recording, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Calls made under an application span (no ``record()``) that was never exported -- the
+    process died inside it, or the span was lost on the way -- are not a complete bundle: the
+    calls under that span may be missing (locally, the bundle is complete when that span ends)."""
+    request = recording.provider.get_tracer("app").start_span("handle request")
+    with trace_api.use_span(request, end_on_exit=False):
+        lookup("Oslo")
+        lookup("Rome")
+    path = tmp_path / "collector.jsonl"  # (the request span never ended: it was never exported)
+    path.write_bytes(b"".join(collector_lines(recording.exporter.get_finished_spans(), 5)))
+    code, stdout, _ = _import(capsys, path, "-o", tmp_path / "bundles")
+    assert code == 1, stdout
+    parent = format(request.get_span_context().span_id, "016x")
+    lines = stdout.splitlines()
+    assert lines[0].endswith(": INCOMPLETE -- run, 2 calls, unset")
+    assert lines[1] == (
+        f"  incomplete: span {parent}, which 'execute_tool lookup' was made in, never arrived "
+        "(spans under it may be missing)"
+    )
+    (bundle,) = (tmp_path / "bundles").iterdir()
+    assert not Trace.load(bundle).complete
+    request.end()
+
+
+def test_a_run_whose_application_span_never_arrived_is_complete(
+    recording: Recording, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The span around a ``record()`` is outside the run's bundle: the run is whole without it."""
+    request = recording.provider.get_tracer("app").start_span("handle request")
+    with trace_api.use_span(request, end_on_exit=False), record(tmp_path / "local.sftrace"):
+        lookup("Oslo")
+    path = tmp_path / "collector.jsonl"
+    path.write_bytes(b"".join(collector_lines(recording.exporter.get_finished_spans(), 5)))
+    code, stdout, _ = _import(capsys, path, "-o", tmp_path / "bundles")
+    assert code == 0, stdout
+    assert stdout.splitlines()[0].endswith(": complete -- agent, 1 call, ok")
+    request.end()
