@@ -9,8 +9,9 @@ to its event's id.
 
 **Fingerprints are verified by default.** A bundle whose stored fingerprints no longer match its
 payloads is rejected by ``replay`` and ``diff``, so calling it valid because its schema holds would
-be a false answer; verifying costs one SHA-256 pass over the payloads (about 0.5 s per 100,000
-calls). ``--no-verify-integrity`` checks schema and structure only, and the line says the
+be a false answer. For 100,000 calls of 2 KB payloads (about 2.5 s to read) verifying adds about
+0.5 s of SHA-256 and 1-1.5 s of parsing the payloads replay reads (measured on the 2-core machine,
+CPU time). ``--no-verify-integrity`` checks schema and structure only, and the line says the
 fingerprints were not checked. (``--verify-integrity``, the default, is still accepted: other
 messages name it.)
 
