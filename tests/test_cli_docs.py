@@ -29,13 +29,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_support import HANG_GUARD_SECONDS
 from conftest import ROOT
 from test_docs_quickstart import session
 from test_docs_snippets import Block, parse_blocks
 
 PAGE = ROOT / "docs" / "cli.md"
-#: A hang guard for one command (they take a second or two; a loaded machine may take ten times).
-TIMEOUT_SECONDS = 300
 _NOT_RUN = re.compile(r"^\s*<!--\s*transcript:\s*not run\b.*-->\s*$")
 _EXIT = re.compile(r"^\[exit (\d+)\]$")
 _MASKS = (
@@ -111,7 +110,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
         env=env,
         capture_output=True,
         text=True,
-        timeout=TIMEOUT_SECONDS,
+        timeout=HANG_GUARD_SECONDS,
     )
     assert ran.returncode == 0, ran.stdout + ran.stderr
     return base, env
@@ -141,7 +140,7 @@ def test_the_page_shows_what_the_commands_print(project: tuple[Path, dict[str, s
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-                timeout=TIMEOUT_SECONDS,
+                timeout=HANG_GUARD_SECONDS,
             )
             ran += 1
             printed, wanted = _mask(result.stdout), _mask("\n".join(expected))

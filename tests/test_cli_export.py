@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli_support import ENTRYPOINT, Bundles, agent_copy, bundles, stepfork
+from cli_support import ENTRYPOINT, HANG_GUARD_SECONDS, Bundles, agent_copy, bundles, stepfork
 
 from stepfork_otel import Trace
 
@@ -28,7 +28,7 @@ def _pytest(project: Path, test_file: Path) -> subprocess.CompletedProcess[str]:
         cwd=project,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_SECONDS,
     )
 
 
@@ -63,7 +63,7 @@ def test_exported_failure_passes_then_fails_when_the_agent_changes(
         [sys.executable, "-m", "ruff", "format", "--check", "--isolated", str(out)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_GUARD_SECONDS,
     )
     assert formatted.returncode == 0, formatted.stdout + formatted.stderr  # readable as written
 

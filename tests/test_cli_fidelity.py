@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from cli_support import (
     ENTRYPOINT,
+    HANG_GUARD_SECONDS,
     ROOT,
     Bundles,
     bundles,
@@ -114,7 +115,7 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=directory,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_GUARD_SECONDS,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return directory
@@ -456,7 +457,7 @@ def test_exported_tests_of_hostile_bundle_names_compile_and_are_collected(
         cwd=project,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_SECONDS,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"{len(HOSTILE_NAMES)} passed" in run.stdout

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from cli_support import (
     ENTRYPOINT,
+    HANG_GUARD_SECONDS,
     Bundles,
     agent_copy,
     bundles,
@@ -426,7 +427,7 @@ def test_approve_approves_only_the_gated_calls_it_names(tmp_path: Path) -> None:
     (tmp_path / "gated_agent.py").write_text(GATED_AGENT)
     recorded = subprocess.run(
         [sys.executable, "-c", RECORD_GATED], cwd=tmp_path, capture_output=True, text=True,
-        timeout=60,
+        timeout=HANG_GUARD_SECONDS,
     )  # fmt: skip
     assert recorded.returncode == 0, recorded.stderr
     replay = ("replay", "gated.sftrace", "--entrypoint", "gated_agent:run")

@@ -7,7 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli_support import Bundles, bundles, record_tiny, stepfork, stepfork_on_terminal, tiny_copy
+from cli_support import (
+    HANG_GUARD_SECONDS,
+    Bundles,
+    bundles,
+    record_tiny,
+    stepfork,
+    stepfork_on_terminal,
+    tiny_copy,
+)
 
 from stepfork_otel import Trace
 
@@ -212,7 +220,9 @@ def test_show_names_calls_made_outside_a_run_after_the_users_span(tmp_path: Path
     no run input or output, and not "a run that did not finish"."""
     script = tmp_path / "agent.py"
     script.write_text(_CALLS_UNDER_A_SPAN.format(directory=str(tmp_path / "out")), "utf-8")
-    ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    ran = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=HANG_GUARD_SECONDS
+    )
     assert ran.returncode == 0, ran.stderr
     (bundle,) = (tmp_path / "out").glob("*.sftrace")
     result = stepfork("show", bundle)

@@ -36,7 +36,7 @@ from test_docs_snippets import Block, parse_blocks
 DOC = ROOT / "docs" / "quickstart.md"
 README = ROOT / "README.md"
 SHELLS = {"console", "sh", "bash", "shell", ""}
-TIMEOUT_SECONDS = 120
+TIMEOUT_SECONDS = 600  # a hang guard: a command takes seconds, ten times that under load
 SETUP_COMMANDS = [
     'python3 -m venv .venv && .venv/bin/pip install -q -e ".[dev]" && '
     ".venv/bin/python examples/booking_agent.py",
