@@ -152,3 +152,27 @@ def test_a_run_whose_application_span_never_arrived_is_complete(
     assert code == 0, stdout
     assert stdout.splitlines()[0].endswith(": complete -- agent, 1 call, ok")
     request.end()
+
+
+def test_a_run_that_lost_a_span_inside_it_is_incomplete(
+    recording: Recording, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A span of the application inside the run was lost on the way: the calls made in it are
+    cut off from the run (their parent never arrived), so the run's bundle lacks them."""
+    tracer = recording.provider.get_tracer("app")
+    with record(tmp_path / "local.sftrace"):
+        lookup("Oslo")
+        with tracer.start_as_current_span("retry loop") as lost:
+            lookup("Rome")
+    spans = [s for s in recording.exporter.get_finished_spans() if s.name != "retry loop"]
+    path = tmp_path / "collector.jsonl"
+    path.write_bytes(b"".join(collector_lines(spans, 5)))
+    code, stdout, _ = _import(capsys, path, "-o", tmp_path / "bundles")
+    assert code == 1, stdout
+    lines = stdout.splitlines()
+    assert lines[0].endswith(": INCOMPLETE -- agent, 1 call, ok")
+    assert lines[1] == (
+        f"  incomplete: span {format(lost.get_span_context().span_id, '016x')}, which "
+        "'execute_tool lookup' was made in, never arrived (spans under it may be missing)"
+    )
+    assert "1 calls outside the recorded run(s) were not imported" in stdout
