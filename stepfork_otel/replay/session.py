@@ -130,6 +130,7 @@ def _open_root_span(session: ReplaySession) -> tuple[Span, object] | None:
             and len(run_input.encode()) <= settings.max_span_payload_bytes
         ):
             attributes[k.INPUT_VALUE] = run_input  # the recorded input the replay starts from
+            attributes[k.INPUT_MIME_TYPE] = k.MIME_JSON  # (as a recorded run span says it)
         span = CONFIG.tracer().start_span(f"replay {name}", attributes=attributes)
         try:
             return span, context_api.attach(set_span_in_context(span))
@@ -139,12 +140,20 @@ def _open_root_span(session: ReplaySession) -> tuple[Span, object] | None:
     return None
 
 
-def _close_root_span(root: tuple[Span, object], exc: BaseException | None) -> None:
+def _close_root_span(
+    root: tuple[Span, object], exc: BaseException | None, diverged: ReplayError | None
+) -> None:
+    """End the root span: ``ERROR`` when the replayed run raised or the replay diverged (an error
+    the agent caught included), else ``OK``, as a recorded run's span ends."""
     span, token = root
     with handle_internal_errors("closing the replay's root span"):
         context_api.detach(token)  # type: ignore[arg-type]
         if exc is not None:
             span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        elif diverged is not None:
+            span.set_status(Status(StatusCode.ERROR, type(diverged).__name__))
+        else:
+            span.set_status(Status(StatusCode.OK))
         span.end()
 
 
@@ -338,7 +347,7 @@ class ReplaySession:
         finally:  # last, so that a failure to end it leaves no session active
             root, self._root = self._root, None
             if root is not None:
-                _close_root_span(root, exc)
+                _close_root_span(root, exc, self._errors[0] if self._errors else None)
 
     async def __aenter__(self) -> ReplaySession:
         return self.__enter__()

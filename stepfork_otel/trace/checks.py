@@ -302,20 +302,24 @@ def _run_status_agrees(
 def unverified_fields(trace: Trace) -> list[Problem]:
     """What :func:`verify_integrity` could not check in this trace, for ``stepfork validate`` to
     say (warnings, not problems: such a bundle stays loadable and replayable). A bundle written
-    without a lines fingerprint (by an older stepfork_otel, or by hand) leaves every field
-    outside the payloads unverified; a payload without a fingerprint leaves its text
-    unverified."""
+    without a lines fingerprint (by an older stepfork_otel, or by hand, or cut short before its
+    end line) leaves every field outside the payloads unverified; a payload without a
+    fingerprint leaves its text unverified."""
     notes: list[Problem] = []
     seal = lines_fingerprint(trace)
     if seal is not None and seal.stored is None:
+        why = (  # a bundle cut short has no end line, where the fingerprint is written
+            "the bundle was cut short before it"
+            if not trace.complete
+            else "the bundle was written by an older stepfork_otel or by hand"
+        )
         notes.append(
             Problem(
                 None,
-                "no lines fingerprint (lines_sha256 in the end line: the bundle was written by "
-                "an older stepfork_otel or by hand): not verified: the run's status, error type "
-                "and message; every event's replay_policy, status, name, provider, model, id, "
-                "parent and seq; which payload lines there are (payload texts, error outcomes "
-                "and model fingerprints were verified)",
+                f"no lines fingerprint (lines_sha256 in the end line: {why}): not verified: the "
+                "run's status, error type and message; every event's replay_policy, status, "
+                "name, provider, model, id, parent and seq; which payload lines there are "
+                "(payload texts, error outcomes and model fingerprints were verified)",
             )
         )
     bare: list[str] = []
