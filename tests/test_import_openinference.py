@@ -12,18 +12,13 @@ OpenInference SDK instrumentation writes tool spans), so it runs live in replay.
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cli_support import stepfork
 from conftest import installed
-from otlp_receiver import running_receiver
+from foreign_support import PROMPT, Traced, docs_block, normalised, replay, traced
 
 from examples.fake_llm import FakeLLM
 from stepfork_otel import Trace
@@ -34,10 +29,6 @@ from stepfork_otel.trace.models import LlmRequest, LlmResponse, payload_value
 from stepfork_otel.trace.otlp import ImportReport, iter_traces_from_otlp_json
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
 
-ROOT = Path(__file__).resolve().parent.parent
-AGENT = Path(__file__).with_name("foreign_agents.py")
-PROMPT = "What is the weather in Paris?"
-
 pytest.importorskip("openai")
 
 
@@ -46,66 +37,16 @@ def _openinference() -> None:
     installed("openinference.instrumentation.openai")
 
 
-def run_agent(mode: str, where: Path | str, url: str, prompt: str, out: Path) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
-    for name in list(env):
-        if name.startswith("OTEL_"):
-            env.pop(name)
-    done = subprocess.run(
-        [sys.executable, str(AGENT), mode, str(where), str(out), url, prompt],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, Any] = json.loads(out.read_text())
-    return result
-
-
-@dataclass
-class Traced:
-    live: dict[str, Any]
-    """What the agent did: its answer, the tools it ran, the (now stopped) server's URL."""
-    bundle: Path
-    imported: str
-    """What ``stepfork import spans.jsonl -o bundles`` printed (run where the spans are)."""
-
-
-def traced(directory: Path, *, otlp: bool = False) -> Traced:
-    """The agent traced by OpenInference, then imported. The fake server is stopped when this
-    returns."""
-    directory.mkdir(parents=True, exist_ok=True)
-    spans = directory / "spans.jsonl"
-    with FakeLLM() as llm:
-        if otlp:
-            with running_receiver(spans) as receiver:
-                where = receiver.http_endpoint
-                live = run_agent("trace-otlp", where, llm.openai_url, PROMPT, directory / "l")
-        else:
-            live = run_agent("trace", spans, llm.openai_url, PROMPT, directory / "live.json")
-        served = len(llm.requests)
-        live["url"] = llm.openai_url
-    assert served == 2  # a tool call, then the answer
-    assert live["answer"] == "Done: sunny in Paris"
-    assert live["tool_ran"] == ["Paris"]
-    done = stepfork("import", "spans.jsonl", "-o", "bundles", cwd=directory)
-    assert done.returncode == 0, done.stdout + done.stderr
-    (bundle,) = (directory / "bundles").glob("*.sftrace")
-    return Traced(live, bundle, done.stdout)
-
-
 @pytest.fixture(scope="module")
 def by_file(tmp_path_factory: pytest.TempPathFactory) -> Traced:
-    return traced(tmp_path_factory.mktemp("openinference"))
+    return traced(tmp_path_factory.mktemp("openinference"), "openinference")
 
 
 @pytest.mark.parametrize("transport", ["file", "otlp"])
 def test_an_openinference_traced_agent_replays_frozen_from_its_imported_spans(
     by_file: Traced, tmp_path: Path, transport: str
 ) -> None:
-    run = by_file if transport == "file" else traced(tmp_path, otlp=True)
+    run = by_file if transport == "file" else traced(tmp_path, "openinference", otlp=True)
     print(run.imported)
     assert "complete -- weather-agent, 2 calls, ok" in run.imported
     assert "1 run imported" in run.imported
@@ -119,6 +60,7 @@ def test_an_openinference_traced_agent_replays_frozen_from_its_imported_spans(
     assert [(r.provider, r.model, r.operation) for r in requests] == [
         ("openai", "gpt-4o", "chat")
     ] * 2
+    assert [r.fidelity for r in requests] == ["exact"] * 2
     first = payload_value(requests[0].input)
     assert first["method"] == "POST"
     assert first["url"] == "chat/completions"
@@ -132,26 +74,27 @@ def test_an_openinference_traced_agent_replays_frozen_from_its_imported_spans(
     assert answer["body"]["choices"][0]["message"]["content"] == "Done: sunny in Paris"
     # the api key the agent sent is nowhere (OpenInference does not record headers)
     assert "NOTAREALKEY" not in run.bundle.read_text()
+    assert trace.run.untraced_tools == ["get_weather"]
 
     # a fresh process, the server stopped: nothing can answer but the bundle
-    replay = run_agent("replay", run.bundle, run.live["url"], PROMPT, tmp_path / "replay.json")
-    assert "error" not in replay, replay
-    assert replay["answer"] == run.live["answer"]
-    assert replay["calls"] == [["llm", "substituted"], ["llm", "substituted"]]
-    assert replay["tool_ran"] == ["Paris"]  # not traced, so it ran (plain Python)
+    replayed = replay("weather", run.bundle, run.live["url"], tmp_path / "replay.json")
+    assert "error" not in replayed, replayed
+    assert replayed["answer"] == run.live["answer"]
+    assert replayed["calls"] == [["llm", "substituted"], ["llm", "substituted"]]
+    assert replayed["tool_ran"] == ["Paris"]  # not traced, so it ran (plain Python)
 
 
 def test_replay_reaches_no_server(by_file: Traced, tmp_path: Path) -> None:
     """Pointed at a server that is up, the frozen replay sends it nothing (0 requests)."""
     with FakeLLM() as sentinel:
-        replay = run_agent("replay", by_file.bundle, sentinel.openai_url, PROMPT, tmp_path / "r")
+        replayed = replay("weather", by_file.bundle, sentinel.openai_url, tmp_path / "r")
         assert len(sentinel.requests) == 0
-    assert replay["answer"] == by_file.live["answer"]
+    assert replayed["answer"] == by_file.live["answer"]
 
 
 def diverged(by_file: Traced, tmp_path: Path) -> dict[str, Any]:
     url = by_file.live["url"]
-    return run_agent("replay", by_file.bundle, url, "What is the weather in Rome?", tmp_path / "d")
+    return replay("weather", by_file.bundle, url, tmp_path / "d", "What is the weather in Rome?")
 
 
 def test_a_different_prompt_diverges_at_the_first_call(by_file: Traced, tmp_path: Path) -> None:
@@ -166,23 +109,21 @@ def test_a_different_prompt_diverges_at_the_first_call(by_file: Traced, tmp_path
     assert "answer" not in changed
 
 
+def test_a_streaming_agent_replays_from_the_merged_completion(tmp_path: Path) -> None:
+    """OpenInference merges a stream into one completion-shaped object: the replay cuts it into
+    the SDK's stream again (text, tool-call deltas, usage) and the report says so."""
+    run = traced(tmp_path / "trace", "openinference", "stream")
+    replayed = replay("stream", run.bundle, run.live["url"], tmp_path / "replay.json")
+    assert "error" not in replayed, replayed
+    assert replayed["answer"] == run.live["answer"]
+    assert replayed["calls"] == [["llm", "substituted"], ["llm", "substituted"]]
+    assert all(
+        any(note.startswith("stream rebuilt from the recorded final message") for note in notes)
+        for notes in replayed["notes"]
+    )
+
+
 # --- the docs' pasted outputs are this test's -----------------------------------------------------
-
-DOCS = ROOT / "docs" / "collectors.md"
-_BLOCK = re.compile(r"<!-- output: (?P<name>[a-z-]+) -->\n```[a-z]*\n(?P<text>.*?)```", re.S)
-
-
-def normalised(text: str) -> str:
-    """Without what differs between runs: ids, durations."""
-    text = re.sub(r"\b[0-9a-f]{32}\b", "<trace id>", text)
-    text = re.sub(r"\b[0-9a-f]{16}\b", "<span id>", text)
-    text = re.sub(r"\b[0-9a-f]{12}…", "<trace id>…", text)
-    return re.sub(r"\d+\.\d ms", "<ms>", text)
-
-
-def docs_block(name: str) -> str:
-    blocks = {m["name"]: m["text"] for m in _BLOCK.finditer(DOCS.read_text(encoding="utf-8"))}
-    return blocks[name]
 
 
 def test_the_outputs_pasted_in_the_docs_are_what_the_commands_print(
@@ -270,7 +211,9 @@ def test_a_call_without_input_value_is_imported_with_its_input_missing_and_named
     assert "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT" in problem.message
 
 
-def test_streamed_and_failed_calls_have_no_result_and_are_named() -> None:
+def test_streamed_calls_keep_the_merged_completion_and_failed_calls_have_no_result() -> None:
+    """A streamed call's merged completion is its result (replay cuts it into a stream again);
+    a failed call keeps no response, and is named."""
     stream = dict(CHAT, stream=True)
     spans = [
         oi_span("1" * 16, None, "root", 0),
@@ -294,13 +237,12 @@ def test_streamed_and_failed_calls_have_no_result_and_are_named() -> None:
     ]
     adopted = foreign.adopt(spans, DEFAULT_REDACTOR)
     assert adopted is not None
-    assert [n.split(": ", 1)[1].split(";")[0] for n in adopted.notes] == [
-        "a streamed call",
-        "the call failed",
-    ]
-    for record in adopted.records[1:]:
-        assert k.STATUS not in record.attributes
-        assert k.OUTPUT not in record.payloads
+    assert [n.split(": ", 1)[1].split(";")[0] for n in adopted.notes] == ["the call failed"]
+    streamed, failed = adopted.records[1:]
+    assert streamed.attributes[k.STATUS] == k.STATUS_OK
+    assert payload_value(streamed.payloads[k.OUTPUT].text)["body"] == REPLY
+    assert k.STATUS not in failed.attributes
+    assert k.OUTPUT not in failed.payloads
 
 
 def test_spans_of_other_instrumentations_and_stepfork_spans_are_left_alone() -> None:

@@ -123,6 +123,13 @@ def run_lines(trace: Trace, style: Style, verbose: bool) -> list[str]:
     calls = trace.calls
     tools = sum(1 for c in calls if isinstance(c, ToolCall))
     lines.append(f"  {len(calls)} calls ({len(calls) - tools} llm, {tools} tool)")
+    if run.untraced_tools:
+        lines.append(
+            style.yellow(
+                f"  tools the model called that no span shows running: "
+                f"{', '.join(run.untraced_tools)} (replay refuses them unless live and allowed)"
+            )
+        )
     if trace.dropped_spans:
         lines.append(style.yellow(f"  {trace.dropped_spans} spans were dropped while recording"))
     if trace.context:
@@ -146,7 +153,20 @@ def _call_head(call: CallEvent, outcome: OutcomeEvent | None, style: Style) -> s
     if call.replay_policy is not ReplayPolicy.REPLAYABLE:
         policy = style.yellow(policy)
     action = f"  replay: {call.replay_action}" if call.replay_action else ""
-    return f"{call.id}  {style.bold(label)}  {status}  {duration}  policy {policy}{action}"
+    fidelity = _fidelity(call, style)
+    return (
+        f"{call.id}  {style.bold(label)}  {status}  {duration}  policy {policy}{action}{fidelity}"
+    )
+
+
+def _fidelity(call: CallEvent, style: Style) -> str:
+    """How much an imported call holds (``stepfork import`` of another instrumentation's spans):
+    exact, messages-only or truncated, and what its span did not hold."""
+    if call.fidelity is None:
+        return ""
+    shown = call.fidelity if call.fidelity == "exact" else style.yellow(call.fidelity)
+    held = f" (not held: {'; '.join(call.unchecked)})" if call.unchecked else ""
+    return f"  fidelity {shown}{held}"
 
 
 def call_tree(trace: Trace, style: Style, verbose: bool) -> list[str]:
