@@ -147,6 +147,8 @@ TL_REQUEST_TYPE: Final = "llm.request.type"
 TL_REQUEST_FUNCTIONS: Final = "llm.request.functions"
 TL_USAGE_PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
 TL_USAGE_COMPLETION_TOKENS: Final = "gen_ai.usage.completion_tokens"
+#: OpenLLMetry's flag of a streamed call (only it writes this key).
+TL_IS_STREAMING: Final = "gen_ai.is_streaming"
 #: Semconv ``error.type``: the class of the error a failed call ended with.
 ERROR_TYPE_SEMCONV: Final = "error.type"
 #: Environment variable (shared with the OTel GenAI instrumentations) that turns on message

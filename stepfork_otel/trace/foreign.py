@@ -58,7 +58,11 @@ def convention_of(span: SpanRecord) -> str:
         return OPENINFERENCE
     if k.LOGFIRE_SPAN_TYPE in attrs:
         return LOGFIRE
-    if k.TL_REQUEST_TYPE in attrs or any(key.startswith("gen_ai.prompt.") for key in attrs):
+    if (
+        k.TL_REQUEST_TYPE in attrs
+        or k.TL_IS_STREAMING in attrs
+        or any(key.startswith("gen_ai.prompt.") for key in attrs)
+    ):
         return OPENLLMETRY
     return GENAI
 

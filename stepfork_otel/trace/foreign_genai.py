@@ -182,9 +182,9 @@ def _messages(attrs: Mapping[str, Any], key: str, family: str) -> tuple[Any, int
 def _params(attrs: Mapping[str, Any]) -> dict[str, Any]:
     params: dict[str, Any] = {}
     for key in _PARAM_ATTRIBUTES:
-        if key not in attrs:
+        value = attrs.get(key)
+        if value is None:  # (OpenLLMetry writes empty values for parameters not given)
             continue
-        value = attrs[key]
         params[key] = string_list(value) if key == k.GEN_AI_REQUEST_STOP_SEQUENCES else value
     return params
 
