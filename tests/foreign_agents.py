@@ -9,7 +9,9 @@ no ``record``): ``openinference`` (``openinference-instrumentation-openai``), ``
 by ``OtlpJsonFileExporter``, or -- an ``http://`` URL -- over real OTLP/HTTP.
 
 AGENT: ``weather`` (chat completions with a tool until the model answers), ``stream`` (the same
-loop streamed with ``client.chat.completions.stream(...)``: the SDK accumulates the deltas).
+loop streamed with ``client.chat.completions.stream(...)``: the SDK accumulates the deltas),
+``pydantic-ai`` (a pydantic-ai agent with the same tool; traced by ``pydantic-ai``, the
+framework's own instrumentation, which writes ``execute_tool`` spans with arguments and result).
 
 ``python tests/foreign_agents.py replay AGENT BUNDLE OUT.json URL PROMPT [MODE [ALLOWED_TOOL]]``:
 the same agent under ``instrument_openai()`` in a ``ReplaySession`` of the bundle ``stepfork
@@ -98,9 +100,24 @@ def _stream_loop(client: Any, prompt: str) -> str:
 AGENTS: dict[str, Callable[[Any, str], str]] = {"weather": _weather_loop, "stream": _stream_loop}
 
 
+def _pydantic_ai_agent(url: str, prompt: str) -> str:
+    """A pydantic-ai agent with the same tool (its framework runs the tool loop)."""
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    model = OpenAIChatModel("gpt-4o", provider=OpenAIProvider(base_url=url, api_key=API_KEY))
+    agent = Agent(
+        model, instructions="Answer with the weather.", tools=[TOOL_FUNCTIONS["get_weather"]]
+    )
+    return str(agent.run_sync(prompt).output)
+
+
 def weather_agent(url: str, prompt: str, agent: str = "weather") -> str:
     import openai
 
+    if agent == "pydantic-ai":
+        return _pydantic_ai_agent(url, prompt)
     with openai.OpenAI(base_url=url, api_key=API_KEY) as client:
         return AGENTS[agent](client, prompt)
 
@@ -148,6 +165,13 @@ def _trace(instrumentation: str, agent: str, where: str, url: str, prompt: str) 
         from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor as V2
 
         V2().instrument(tracer_provider=provider)
+    elif instrumentation == "pydantic-ai":  # the framework's own GenAI spans, tools included
+        from pydantic_ai import Agent
+        from pydantic_ai.models.instrumented import InstrumentationSettings
+
+        Agent.instrument_all(
+            InstrumentationSettings(tracer_provider=provider, include_content=True)
+        )
     elif instrumentation == "openllmetry":
         from opentelemetry.instrumentation.openai import OpenAIInstrumentor as Traceloop
 

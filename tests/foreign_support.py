@@ -22,7 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent
 AGENT = Path(__file__).with_name("foreign_agents.py")
 PROMPT = "What is the weather in Paris?"
 #: What each agent answers against the fake server (a tool call, then the answer).
-ANSWERS = {"weather": "Done: sunny in Paris", "stream": "Done: sunny in Paris  [18 tokens]"}
+ANSWERS = {
+    "weather": "Done: sunny in Paris",
+    "stream": "Done: sunny in Paris  [18 tokens]",
+    "pydantic-ai": "Done: sunny in Paris",
+}
 
 
 def run_agent(argv: list[str], out: Path) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from stepfork_otel.replay.errors import (
 )
 from stepfork_otel.replay.plan import RecordedCall
 from stepfork_otel.trace.canonical import canonical_json, loads, sha256_hex
-from stepfork_otel.trace.foreign_request import SEMANTIC_FIDELITIES, live_form
+from stepfork_otel.trace.foreign_request import SEMANTIC_FIDELITIES, live_arguments, live_form
 from stepfork_otel.trace.models import LlmRequest, ToolCall
 
 __all__ = [
@@ -158,10 +158,14 @@ def compared_input(call: BoundaryCall, expected: RecordedCall) -> tuple[str, str
         event.fidelity not in SEMANTIC_FIDELITIES
         or event.input is None
         or call.input.unserialisable
-        or not isinstance(event, LlmRequest)
+        or call.kind != expected.kind
     ):
         return call.input.text, call.input.sha256
-    text = canonical_json(live_form(event.provider, loads(call.input.text), loads(event.input)))
+    live, recorded = loads(call.input.text), loads(event.input)
+    if isinstance(event, LlmRequest):
+        text = canonical_json(live_form(event.provider, live, recorded))
+    else:
+        text = canonical_json(live_arguments(live, recorded))
     return text, sha256_hex(text)
 
 
@@ -191,7 +195,9 @@ def redacted_input(call: BoundaryCall, expected: RecordedCall, ctx: MatchContext
         )
     if ctx.drift_allowed or _same_input(call, expected):
         return None
-    if event.fidelity in SEMANTIC_FIDELITIES:
+    if event.fidelity in SEMANTIC_FIDELITIES and isinstance(event, ToolCall):
+        hint = " (an imported tool call: the arguments the model sent are compared)"
+    elif event.fidelity in SEMANTIC_FIDELITIES:
         hint = (
             f" (an imported call, fidelity {event.fidelity}: the request is compared on what "
             "the trace held -- model, messages"

@@ -36,6 +36,7 @@ from stepfork_otel.trace.foreign_calls import (
     tool_record,
     where,
 )
+from stepfork_otel.trace.foreign_request import TOOL_UNCHECKED
 from stepfork_otel.trace.foreign_responses import JSON_HEADERS
 from stepfork_otel.trace.redaction import Redactor
 
@@ -152,5 +153,7 @@ def tool_call(span: SpanRecord, n: int, redactor: Redactor, notes: list[str]) ->
         arguments,
         result,
         redactor,
+        fidelity=k.FIDELITY_MESSAGES_ONLY,
+        unchecked=[TOOL_UNCHECKED],
         failed=failed if span.status == "error" else None,
     )

@@ -20,7 +20,8 @@ Messages are normalised the same way on both sides, because instrumentations dis
 details that do not change the request: all system instructions (system and developer messages,
 ``gen_ai.system_instructions``, Anthropic's ``system``, Responses' ``instructions``) form one
 leading ``system`` message; a text part is ``{"type": "text", "content"}`` and an empty one is
-dropped; tool-call arguments are compared as JSON values (instrumentations re-dump them);
+dropped; tool-call arguments are compared as JSON values (instrumentations re-dump them); tool
+results are one ``tool`` message each (pydantic-ai and Anthropic put them in a ``user`` message);
 parts other than text and tool calls (images, audio) are left out, as most instrumentations leave
 them out; a message whose parts the span did not hold (``"parts": null``) matches any content.
 
@@ -95,7 +96,7 @@ def normal_parts(parts: Any) -> list[dict[str, Any]] | None:
                 {
                     "type": "tool_call_response",
                     "id": part.get("id"),
-                    "response": _response_value(part.get("response")),
+                    "response": _response_value(part.get("response", part.get("result"))),
                 }
             )
     return out or None
@@ -116,7 +117,13 @@ def normal_messages(
             system_parts.extend(as_list(message.get("parts")))
             continue
         role = "system" if role in _SYSTEM_ROLES else role
-        out.append({"role": role, "parts": normal_parts(message.get("parts"))})
+        parts = normal_parts(message.get("parts"))
+        if parts and all(part["type"] == "tool_call_response" for part in parts):
+            # one tool message per result, whatever the role the instrumentation (or the API:
+            # Anthropic's tool_result blocks are in user messages) puts them in
+            out.extend({"role": "tool", "parts": [part]} for part in parts)
+            continue
+        out.append({"role": role, "parts": parts})
     lead = normal_parts(system_parts)
     return ([{"role": "system", "parts": lead}] if lead else []) + out
 
@@ -126,7 +133,7 @@ def normal_tools(tools: Any) -> list[dict[str, Any]]:
     out: not every instrumentation keeps them)."""
     keep = ("name", "description", "parameters")
     return [
-        {key: value for key, value in definition.items() if key in keep}
+        {key: value for key, value in definition.items() if key in keep and value != ""}
         for definition in tool_definitions(as_list(tools))
     ]
 
@@ -181,6 +188,19 @@ def live_form(provider: str, exchange: Any, recorded: Any) -> dict[str, Any]:
         live = request_attributes(body)
         form["params"] = {key: live.get(key) for key in params}
     return form
+
+
+#: What replay does not compare of a tool call imported from a tool span.
+TOOL_UNCHECKED = "arguments the model did not send (the tool's defaults)"
+
+
+def live_arguments(live: Any, recorded: Any) -> Any:
+    """A tool call's live arguments (normalised with the tool's defaults) in the terms of the
+    arguments a tool span held (what the model sent): the recorded names only, so a default
+    the model left out is not a difference; a missing one is (None)."""
+    if not isinstance(live, dict) or not isinstance(recorded, dict):
+        return live
+    return {name: live.get(name) for name in recorded}
 
 
 def unchecked(form: Any) -> list[str]:
