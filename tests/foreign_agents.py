@@ -5,7 +5,9 @@ agent runs against the fake server traced ONLY by INSTRUMENTATION (no stepfork i
 no ``record``): ``openinference`` (``openinference-instrumentation-openai``), ``openai-v2``
 (``opentelemetry-instrumentation-openai-v2`` with content on the span), ``logfire``
 (``logfire.instrument_openai()``, ``send_to_logfire=False``) or ``openllmetry``
-(``opentelemetry-instrumentation-openai``, when installed). Its spans go to WHERE: a file written
+(``opentelemetry-instrumentation-openai``, when installed), ``pydantic-ai`` (the framework's
+own instrumentation) or ``openinference-pydantic-ai`` (the same, rewritten by
+``openinference-instrumentation-pydantic-ai``, when installed). Its spans go to WHERE: a file written
 by ``OtlpJsonFileExporter``, or -- an ``http://`` URL -- over real OTLP/HTTP.
 
 AGENT: ``weather`` (chat completions with a tool until the model answers), ``stream`` (the same
@@ -153,6 +155,10 @@ def _trace(instrumentation: str, agent: str, where: str, url: str, prompt: str) 
         logfire.force_flush()
         return {"answer": answer}
     provider = TracerProvider()
+    if instrumentation == "openinference-pydantic-ai":  # rewrites the spans before they export
+        from openinference.instrumentation.pydantic_ai import OpenInferenceSpanProcessor
+
+        provider.add_span_processor(OpenInferenceSpanProcessor())
     provider.add_span_processor(SimpleSpanProcessor(_exporter(where)))
     if instrumentation == "openinference":
         from openinference.instrumentation.openai import OpenAIInstrumentor
@@ -165,7 +171,9 @@ def _trace(instrumentation: str, agent: str, where: str, url: str, prompt: str) 
         from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor as V2
 
         V2().instrument(tracer_provider=provider)
-    elif instrumentation == "pydantic-ai":  # the framework's own GenAI spans, tools included
+    elif instrumentation in ("pydantic-ai", "openinference-pydantic-ai"):
+        # the framework's own GenAI spans, tools included (OpenInference's processor adds its
+        # attributes to them)
         from pydantic_ai import Agent
         from pydantic_ai.models.instrumented import InstrumentationSettings
 

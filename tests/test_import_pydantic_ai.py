@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from cli_support import stepfork
 from conftest import installed
 from foreign_support import Traced, replay, traced
 
@@ -92,3 +93,41 @@ def test_a_different_prompt_diverges_at_the_first_call(run: Traced, tmp_path: Pa
     assert message.startswith("at call 1 of this run: input differs from the recording")
     assert "What is the weather in Rome?" in message
     assert changed["tool_ran"] == []
+
+
+# --- the same agent, its spans rewritten by openinference-instrumentation-pydantic-ai -----------
+
+FIXTURE = Path(__file__).with_name("fixtures") / "openinference-pydantic-ai" / "pydantic-ai.jsonl"
+
+
+def test_openinference_pydantic_ai_spans_replay_frozen(tmp_path: Path) -> None:
+    """``openinference-instrumentation-pydantic-ai`` 0.1.30 installs beside the pinned
+    OpenTelemetry in a separate virtualenv (not a dependency here): its spans were recorded once
+    into the fixture, as ``tests/test_import_openllmetry.py`` says for OpenLLMetry (instrumentation
+    ``openinference-pydantic-ai`` of ``tests/foreign_agents.py``). Its processor adds OpenInference
+    attributes to pydantic-ai's spans: the LLM spans' ``input.value`` is only the last user
+    text, so they are read by their GenAI attributes; the TOOL span's ``input.value`` holds the
+    arguments and ``output.value`` the result."""
+    spans = tmp_path / "spans.jsonl"
+    spans.write_bytes(FIXTURE.read_bytes())
+    done = stepfork("import", "spans.jsonl", "-o", "bundles", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout
+    (bundle,) = (tmp_path / "bundles").glob("*.sftrace")
+    trace = Trace.load(bundle)
+    assert trace.created_by == foreign.created_by([foreign.OPENINFERENCE])
+    assert [(type(c).__name__, c.fidelity) for c in trace.calls] == [
+        ("LlmRequest", "messages-only"),
+        ("ToolCall", "messages-only"),
+        ("LlmRequest", "messages-only"),
+    ]
+    replayed = replay(
+        "pydantic-ai", bundle, "http://127.0.0.1:9/v1", tmp_path / "r.json", traced_tool=True
+    )
+    assert "error" not in replayed, replayed
+    assert replayed["answer"] == "Done: sunny in Paris"
+    assert replayed["calls"] == [
+        ["llm", "substituted"],
+        ["tool", "substituted"],
+        ["llm", "substituted"],
+    ]
+    assert replayed["tool_ran"] == []
