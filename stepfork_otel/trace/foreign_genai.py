@@ -71,6 +71,7 @@ _INDEXED = re.compile(r"^gen_ai\.(prompt|completion)\.(\d+)\.(.+)$")
 _INDEXED_CALL = re.compile(r"^tool_calls\.(\d+)\.(id|name|arguments)$")
 #: The provider's endpoint (relative URL) of a chat call, as ``instrument_*()`` records it.
 _URLS = {k.PROVIDER_OPENAI: "chat/completions", k.PROVIDER_ANTHROPIC: "messages"}
+_CUT = "(if an attribute value length limit cut it: raise OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT)"
 _CONTENT_OFF = (
     "the span holds no messages (content capture is off: set "
     "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY, or the instrumentation's own "
@@ -87,7 +88,9 @@ def is_llm(span: SpanRecord) -> bool:
     """A GenAI chat span of a provider replay can serve (OpenAI, Anthropic)."""
     attrs = span.attributes
     operation = attrs.get(k.GEN_AI_OPERATION_NAME, attrs.get(k.TL_REQUEST_TYPE))
-    return operation in _LLM_OPERATIONS and provider_of(attrs) in _URLS
+    return (
+        isinstance(operation, str) and operation in _LLM_OPERATIONS and provider_of(attrs) in _URLS
+    )
 
 
 def is_tool(span: SpanRecord) -> bool:
@@ -248,7 +251,7 @@ def llm_call(
     messages, lost, held = _messages(attrs, k.GEN_AI_INPUT_MESSAGES, "prompt")
     system = json_value(attrs.get(k.GEN_AI_SYSTEM_INSTRUCTIONS))
     if messages is None:
-        why = _CONTENT_OFF if not held else "gen_ai.input.messages is cut or not JSON"
+        why = _CONTENT_OFF if not held else f"gen_ai.input.messages is cut or not JSON {_CUT}"
         notes.append(f"{at}: input missing -- {why}; replay stops at this call")
     else:
         tail = None
@@ -284,7 +287,11 @@ def llm_call(
             "call"
         )
     elif not outputs:
-        why = _CONTENT_OFF if not out_held else "gen_ai.output.messages is cut, empty or not JSON"
+        why = (
+            _CONTENT_OFF
+            if not out_held
+            else f"gen_ai.output.messages is cut, empty or not JSON {_CUT}"
+        )
         notes.append(f"{at}: result missing -- {why}; replay stops at this call")
     elif url == "responses":
         notes.append(
@@ -347,17 +354,19 @@ def tool_call(span: SpanRecord, n: int, redactor: Redactor, notes: list[str]) ->
 
 
 def stream_outputs(calls: Sequence[SpanRecord]) -> dict[str, SpanRecord]:
-    """For a chat span that ended without output messages, the later span under the same parent
-    with the same input messages that has them (logfire's "streaming response" span): request
-    span id -> output span. The output spans are not calls of their own."""
+    """For a chat span that ended without output messages, the later logfire log span under the
+    same parent with the same input messages that has them (its "streaming response" span):
+    request span id -> output span. The output spans are not calls of their own. (Only logfire's
+    log span: a retry of a failed call with the same messages is a call of its own.)"""
     pending: dict[tuple[str | None, Any], SpanRecord] = {}
     paired: dict[str, SpanRecord] = {}
     for span in calls:  # (in start order)
         attrs = span.attributes
-        key = (span.parent_span_id, attrs.get(k.GEN_AI_INPUT_MESSAGES))
+        messages = attrs.get(k.GEN_AI_INPUT_MESSAGES)
+        key = (span.parent_span_id, messages if isinstance(messages, str) else None)
         if k.GEN_AI_OUTPUT_MESSAGES not in attrs:
             pending[key] = span
-        elif key in pending and key[1] is not None:
+        elif key in pending and key[1] is not None and attrs.get(k.LOGFIRE_SPAN_TYPE) == "log":
             paired[pending.pop(key).span_id] = span
     return paired
 
