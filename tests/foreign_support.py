@@ -112,6 +112,7 @@ _BLOCK = re.compile(r"<!-- output: (?P<name>[a-z0-9-]+) -->\n```[a-z]*\n(?P<text
 
 def normalised(text: str) -> str:
     """Without what differs between runs: ids, durations, the version."""
+    text = re.sub(r"\b[0-9a-f]{64}\b", "<sha256>", text)
     text = re.sub(r"\b[0-9a-f]{32}\b", "<trace id>", text)
     text = re.sub(r"\b[0-9a-f]{16}\b", "<span id>", text)
     text = re.sub(r"\b[0-9a-f]{12}…", "<trace id>…", text)

@@ -18,8 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from cli_support import stepfork
 from conftest import installed
-from foreign_support import PROMPT, Traced, replay, traced
+from foreign_support import PROMPT, Traced, docs_block, normalised, replay, traced
 
 from examples.fake_llm import FakeLLM
 from stepfork_otel import Trace
@@ -170,3 +171,33 @@ def test_an_untraced_tool_made_a_boundary_is_refused_in_frozen_replay_and_runs_i
     assert live["tool_ran"] == ["Paris"]
     assert live["calls"] == [["llm", "executed"], ["tool", "executed"], ["llm", "executed"]]
     assert "ran live, unrecorded" in live["report"]
+
+
+def test_the_outputs_pasted_in_the_docs_are_what_the_commands_print(
+    run: Traced, tmp_path: Path
+) -> None:
+    if (run.instrumentation, run.agent) != ("openai-v2", "weather"):
+        pytest.skip("the docs show the openai-v2 tool loop")
+    shown = stepfork(
+        "show",
+        run.bundle.relative_to(run.bundle.parent.parent),
+        cwd=run.bundle.parent.parent,
+    )
+    assert shown.returncode == 0, shown.stderr
+    printed = (
+        "$ stepfork import spans.jsonl -o bundles\n"
+        + run.imported
+        + "$ stepfork show bundles/*.sftrace\n"
+        + shown.stdout
+    )
+    print(printed)
+    assert normalised(docs_block("genai-show")) == normalised(printed)
+    replayed = replay(run.agent, run.bundle, run.live["url"], tmp_path / "r.json")
+    print(replayed["report"])
+    assert normalised(docs_block("genai-report")) == normalised(replayed["report"] + "\n")
+    changed = replay(
+        run.agent, run.bundle, run.live["url"], tmp_path / "d.json", "What is the weather in Rome?"
+    )
+    name, message = changed["error"]
+    print(message)
+    assert normalised(docs_block("genai-diverged")) == normalised(f"{name}: {message}\n")
