@@ -99,6 +99,8 @@ FIDELITY_MESSAGES_ONLY: Final = "messages-only"
 #: Like ``messages-only``, with the earliest messages lost (an attribute limit evicted them).
 FIDELITY_TRUNCATED: Final = "truncated"
 FIDELITIES: Final = (FIDELITY_EXACT, FIDELITY_MESSAGES_ONLY, FIDELITY_TRUNCATED)
+#: The fidelities whose recorded input is a request form (``trace/foreign_request.py``).
+SEMANTIC_FIDELITIES: Final = frozenset({FIDELITY_MESSAGES_ONLY, FIDELITY_TRUNCATED})
 #: On the run of an imported trace: the tools the model called that no span shows running.
 IMPORT_UNTRACED_TOOLS: Final = "stepfork.import.untraced_tools"
 #: logfire's span type attribute (``span``/``log``): how ``stepfork import`` knows logfire wrote it.

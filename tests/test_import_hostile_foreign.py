@@ -222,3 +222,18 @@ def test_the_live_projection_never_fails_on_a_broken_recorded_form() -> None:
         canonical_json(live_form("openai", live, recorded))
         canonical_json(live_form("openai", recorded, {"messages": []}))
         canonical_json(live_arguments(recorded, {"a": 1}))
+
+
+def test_a_messages_only_call_whose_input_is_not_a_form_makes_the_bundle_invalid() -> None:
+    from stepfork_otel.trace.checks import validate_structure
+
+    adopted = foreign.adopt([span("1" * 16, 1, dict(GOOD))], DEFAULT_REDACTOR)
+    assert adopted is not None
+    trace = spans_to_trace(adopted.records, redactor=DEFAULT_REDACTOR)
+    assert validate_structure(trace) == []
+    call = trace.calls[0]
+    broken = trace.model_copy(
+        update={"events": [call.model_copy(update={"input": '{"body": {}}'}), *trace.events[1:]]}
+    )
+    (problem,) = validate_structure(broken)
+    assert problem.message == "fidelity messages-only but the input is not a request form"

@@ -45,7 +45,7 @@ from stepfork_otel.trace.genai_messages import (
 )
 
 #: The fidelities whose recorded input is a request form (matched by :func:`live_form`).
-SEMANTIC_FIDELITIES: frozenset[str] = frozenset({k.FIDELITY_MESSAGES_ONLY, k.FIDELITY_TRUNCATED})
+SEMANTIC_FIDELITIES = k.SEMANTIC_FIDELITIES
 
 _SYSTEM_ROLES = frozenset({"system", "developer"})
 
