@@ -12,7 +12,8 @@ by ``OtlpJsonFileExporter``, or -- an ``http://`` URL -- over real OTLP/HTTP.
 
 AGENT: ``weather`` (chat completions with a tool until the model answers), ``stream`` (the same
 loop streamed with ``client.chat.completions.stream(...)``: the SDK accumulates the deltas),
-``pydantic-ai`` (a pydantic-ai agent with the same tool; traced by ``pydantic-ai``, the
+``anthropic`` / ``anthropic-stream`` (the tool loop with the Anthropic SDK, streamed or not), ``pydantic-ai`` (a pydantic-ai agent with
+the same tool; traced by ``pydantic-ai``, the
 framework's own instrumentation, which writes ``execute_tool`` spans with arguments and result).
 
 ``python tests/foreign_agents.py replay AGENT BUNDLE OUT.json URL PROMPT [MODE [ALLOWED_TOOL]]``:
@@ -115,11 +116,60 @@ def _pydantic_ai_agent(url: str, prompt: str) -> str:
     return str(agent.run_sync(prompt).output)
 
 
+def _anthropic_agent(url: str, prompt: str, stream: bool = False) -> str:
+    """The tool loop with the Anthropic SDK (``url``: the fake's OpenAI URL; its Anthropic API
+    is at the root), streamed with ``client.messages.stream(...)`` when ``stream``."""
+    import anthropic
+
+    function = WEATHER_TOOL["function"]
+    tool = {
+        "name": function["name"],
+        "description": function["description"],
+        "input_schema": function["parameters"],
+    }
+    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    with anthropic.Anthropic(base_url=url.removesuffix("/v1"), api_key=API_KEY) as client:
+        for _ in range(5):
+            request: dict[str, Any] = {
+                "model": "claude-sonnet-4-5",
+                "max_tokens": 256,
+                "system": "Answer with the weather.",
+                "messages": messages,
+                "tools": [tool],
+            }
+            if stream:
+                with client.messages.stream(**request) as events:
+                    reply = events.get_final_message()
+            else:
+                reply = client.messages.create(**request)
+            calls = [block for block in reply.content if block.type == "tool_use"]
+            if not calls:
+                return "".join(block.text for block in reply.content if block.type == "text")
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": [b.model_dump(exclude_none=True) for b in reply.content],
+                }
+            )
+            results = [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": call.id,
+                    "content": TOOL_FUNCTIONS[call.name](**call.input),
+                }
+                for call in calls
+            ]
+            messages.append({"role": "user", "content": results})
+    raise RuntimeError("the agent did not finish")
+
+
 def weather_agent(url: str, prompt: str, agent: str = "weather") -> str:
     import openai
 
     if agent == "pydantic-ai":
         return _pydantic_ai_agent(url, prompt)
+    if agent.startswith("anthropic"):
+        return _anthropic_agent(url, prompt, stream=agent == "anthropic-stream")
     with openai.OpenAI(base_url=url, api_key=API_KEY) as client:
         return AGENTS[agent](client, prompt)
 
@@ -150,6 +200,7 @@ def _trace(instrumentation: str, agent: str, where: str, url: str, prompt: str) 
             additional_span_processors=[SimpleSpanProcessor(_exporter(where))],
         )
         logfire.instrument_openai()
+        logfire.instrument_anthropic()
         with logfire.span("weather-agent"):
             answer = weather_agent(url, prompt, agent)
         logfire.force_flush()
@@ -205,6 +256,7 @@ def _replay(
     if traced:
         TOOL_FUNCTIONS["get_weather"] = stepfork_otel.trace_tool(get_weather)
     stepfork_otel.instrument_openai()
+    stepfork_otel.instrument_anthropic()
     out: dict[str, Any] = {}
     session = ReplaySession.from_trace(bundle, mode=mode, allow_live_tools=allowed)
     try:

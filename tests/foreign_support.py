@@ -26,6 +26,8 @@ ANSWERS = {
     "weather": "Done: sunny in Paris",
     "stream": "Done: sunny in Paris  [18 tokens]",
     "pydantic-ai": "Done: sunny in Paris",
+    "anthropic": "Done: sunny in Paris",
+    "anthropic-stream": "Done: sunny in Paris ",  # (the fake server streams a trailing space)
 }
 
 

@@ -201,3 +201,33 @@ def test_the_outputs_pasted_in_the_docs_are_what_the_commands_print(
     name, message = changed["error"]
     print(message)
     assert normalised(docs_block("genai-diverged")) == normalised(f"{name}: {message}\n")
+
+
+@pytest.mark.parametrize("agent", ["anthropic", "anthropic-stream"])
+def test_logfire_anthropic_spans_replay_through_instrument_anthropic(
+    agent: str, tmp_path: Path
+) -> None:
+    """logfire's ``instrument_anthropic()`` spans: the response is rebuilt as an Anthropic
+    message (``tool_use`` blocks, ``stop_reason``), and cut into Anthropic's stream events when
+    the agent streams. (The Anthropic SDK reads every response as a stream: a call that is not
+    an API stream gets the message body, as a recording of it holds.)"""
+    installed("logfire")
+    run = traced(tmp_path / "trace", "logfire", agent, otlp=True)
+    trace = Trace.load(run.bundle)
+    requests = [e for e in trace.events if isinstance(e, LlmRequest)]
+    assert [(r.provider, r.fidelity) for r in requests] == [("anthropic", "messages-only")] * 2
+    form = payload_value(requests[1].input)
+    assert form["url"] == "messages"
+    assert [m["role"] for m in form["messages"]] == ["system", "user", "assistant", "tool"]
+    first = payload_value(trace.outcome_of(requests[0]).output)["body"]  # type: ignore[union-attr]
+    assert (first["type"], first["stop_reason"]) == ("message", "tool_use")
+    assert first["content"][0]["input"] == {"city": "Paris"}
+
+    with FakeLLM() as sentinel:
+        replayed = replay(agent, run.bundle, sentinel.openai_url, tmp_path / "r.json")
+        assert len(sentinel.requests) == 0
+    assert "error" not in replayed, replayed
+    assert replayed["answer"] == run.live["answer"]
+    assert replayed["calls"] == [["llm", "substituted"], ["llm", "substituted"]]
+    rebuilt = "note: stream rebuilt from the recorded final message"
+    assert replayed["report"].count(rebuilt) == (2 if agent == "anthropic-stream" else 0)

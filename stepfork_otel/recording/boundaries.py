@@ -560,10 +560,11 @@ def _replayed_stream(
         rebuilt = None if prepared.restream is None else prepared.restream(value)
         if rebuilt is None:
             raise decision.diverged("the recorded call returned a single value, this run streams")
-        decision.note(
-            "stream rebuilt from the recorded final message (the trace holds no chunks): one "
-            "text delta, one delta per tool call"
-        )
+        if rebuilt.get(k.STREAM_CHUNKS):
+            decision.note(
+                "stream rebuilt from the recorded final message (the trace holds no chunks): one "
+                "text delta, one delta per tool call"
+            )
         value = rebuilt
     head = stream_head(value)
     chunks: list[Any] = value[k.STREAM_CHUNKS]

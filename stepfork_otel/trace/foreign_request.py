@@ -176,8 +176,10 @@ def live_form(provider: str, exchange: Any, recorded: Any) -> dict[str, Any]:
     for message, recorded_message in zip(normal, held, strict=False):
         if as_dict(recorded_message).get("parts") is None:
             message["parts"] = None  # the trace did not hold this message's content
+    url = exchange.get("url")
     form = request_form(
-        url=str(exchange.get("url", "")),
+        # the endpoint, whatever the client's base URL (Anthropic's default has no /v1)
+        url=url.removeprefix("v1/") if isinstance(url, str) else "",
         model=model if isinstance(model, str) else "",
         messages=normal,
         tools=normal_tools(body.get("tools")) if "tools" in recorded else None,

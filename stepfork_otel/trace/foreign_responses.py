@@ -230,11 +230,16 @@ def _anthropic_events(body: dict[str, Any]) -> list[dict[str, Any]]:
 def restreamed(provider: str, request: Any, record: Any) -> dict[str, Any] | None:
     """The recorded stream value (``{status, headers, chunks, complete}``) that a streamed
     request gets from a recorded final message ``record`` (``{status, headers, body}``), or None
-    when ``record`` is not one this module can cut (an error status, another endpoint)."""
+    when ``record`` is not one this module can cut (an error status, another endpoint). A request
+    that is not an API stream, only read as one by its SDK, gets the body (and no chunks)."""
     record, request = as_dict(record), as_dict(request)
     body = as_dict(record.get("body"))
     if record.get("status") != 200 or not body:
         return None
+    if as_dict(request.get("body")).get("stream") is not True:
+        # the API call is not a stream, the SDK only reads the response as one (the Anthropic
+        # SDK does for every request): the body, as a recording of that call holds it
+        return {**record, k.STREAM_CHUNKS: [], k.STREAM_COMPLETE: True}
     if provider == k.PROVIDER_ANTHROPIC and body.get("type") == "message":
         events = _anthropic_events(body)
     elif provider != k.PROVIDER_ANTHROPIC and "choices" in body:
