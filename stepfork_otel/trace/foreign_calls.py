@@ -10,13 +10,14 @@ at its boundary.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stepfork_otel import constants as k
 from stepfork_otel.trace.canonical import loads, model_fingerprint
 from stepfork_otel.trace.conversion import SpanRecord
+from stepfork_otel.trace.foreign_request import TOOL_UNCHECKED
 from stepfork_otel.trace.limits import text_depth_exceeds
 from stepfork_otel.trace.payload import Payload, capture
 from stepfork_otel.trace.redaction import Redactor
@@ -119,20 +120,19 @@ def tool_record(
     result: Any,
     redactor: Redactor,
     *,
-    fidelity: str = k.FIDELITY_EXACT,
-    unchecked: Sequence[str] = (),
     failed: tuple[str, str] | None = None,
 ) -> SpanRecord:
     """``span`` with the attributes and payloads of a stepfork tool boundary span: the arguments
-    (None: missing), the result (None: missing) or the failure ``(error type, message)``."""
+    (None: missing), the result (None: missing) or the failure ``(error type, message)``. A tool
+    span holds the arguments the model sent, not the tool's defaults: fidelity
+    ``messages-only``, matched on those arguments (``trace/foreign_request.live_arguments``)."""
     new: dict[str, Any] = {
         k.KIND: k.KIND_TOOL,
         k.GEN_AI_OPERATION_NAME: k.OP_EXECUTE_TOOL,
         k.GEN_AI_TOOL_NAME: name,
-        k.IMPORT_FIDELITY: fidelity,
+        k.IMPORT_FIDELITY: k.FIDELITY_MESSAGES_ONLY,
+        k.IMPORT_UNCHECKED: [TOOL_UNCHECKED],
     }
-    if unchecked:
-        new[k.IMPORT_UNCHECKED] = list(unchecked)
     payloads: dict[str, Payload] = {}
     if arguments is not None:
         payloads[k.INPUT] = capture(arguments, redactor)

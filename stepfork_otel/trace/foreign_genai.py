@@ -46,7 +46,6 @@ from stepfork_otel.trace.foreign_calls import (
     where,
 )
 from stepfork_otel.trace.foreign_request import (
-    TOOL_UNCHECKED,
     normal_messages,
     normal_tools,
     request_form,
@@ -338,16 +337,7 @@ def tool_call(span: SpanRecord, n: int, redactor: Redactor, notes: list[str]) ->
         failed = (first_str(attrs, k.ERROR_TYPE_SEMCONV) or "Exception", "the tool raised")
     elif result is None:
         notes.append(f"{where(span, n)}: tool {name!r}: result missing -- {_CONTENT_OFF}")
-    return tool_record(
-        span,
-        name,
-        arguments,
-        result,
-        redactor,
-        fidelity=k.FIDELITY_MESSAGES_ONLY,
-        unchecked=[TOOL_UNCHECKED],
-        failed=failed,
-    )
+    return tool_record(span, name, arguments, result, redactor, failed=failed)
 
 
 # --- streams: logfire's second span ---------------------------------------------------------------

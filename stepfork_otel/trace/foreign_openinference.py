@@ -36,7 +36,6 @@ from stepfork_otel.trace.foreign_calls import (
     tool_record,
     where,
 )
-from stepfork_otel.trace.foreign_request import TOOL_UNCHECKED
 from stepfork_otel.trace.foreign_responses import JSON_HEADERS
 from stepfork_otel.trace.redaction import Redactor
 
@@ -146,14 +145,7 @@ def tool_call(span: SpanRecord, n: int, redactor: Redactor, notes: list[str]) ->
     result = json_value(output) if attrs.get(k.OUTPUT_MIME_TYPE) == k.MIME_JSON else None
     if result is None and isinstance(output, str):
         result = output
-    failed = ("Exception", "the tool raised (OpenInference keeps its exception event only)")
-    return tool_record(
-        span,
-        name,
-        arguments,
-        result,
-        redactor,
-        fidelity=k.FIDELITY_MESSAGES_ONLY,
-        unchecked=[TOOL_UNCHECKED],
-        failed=failed if span.status == "error" else None,
-    )
+    failed = None
+    if span.status == "error":
+        failed = ("Exception", "the tool raised (OpenInference keeps its exception event only)")
+    return tool_record(span, name, arguments, result, redactor, failed=failed)
