@@ -122,6 +122,10 @@ def test_a_different_prompt_diverges_at_the_first_call_and_says_where(
         "at call 1 of this run: input differs from the recording (an imported call, fidelity "
         "messages-only: the request is compared on what the trace held -- model, messages"
     )
+    assert (
+        "in the recording's terms: first differing path: messages[1].parts[0].content: recorded "
+        '"What is the weather in Paris?", this run "What is the weather in Rome?"' in message
+    )
     assert '"content":"What is the weather in Paris?"' in message
     assert '"content":"What is the weather in Rome?"' in message
     assert changed["calls"] == [["llm", "rejected"]]

@@ -212,6 +212,10 @@ def redacted_input(call: BoundaryCall, expected: RecordedCall, ctx: MatchContext
         hint = " (the prompt payload passed to llm_request is part of the input)"
     compared = compared_input(call, expected)[0]
     details = () if event.input is None else tuple(first_difference(event.input, compared))
+    if event.input is not None and event.fidelity in SEMANTIC_FIDELITIES:
+        # the actual input shown is the request as sent; say where it differs in the form's terms
+        path = first_differing_path(event.input, compared)
+        details = (f"in the recording's terms: first differing path: {path}", *details)
     return Miss("input differs from the recording" + hint, details)
 
 
