@@ -203,6 +203,8 @@ OI_INVOCATION_PARAMETERS: Final = "llm.invocation_parameters"
 OI_MODEL_NAME: Final = "llm.model_name"
 OI_TOKEN_COUNT_PROMPT: Final = "llm.token_count.prompt"
 OI_TOKEN_COUNT_COMPLETION: Final = "llm.token_count.completion"
+#: The finish reason of an OpenInference LLM span's first choice.
+OI_FINISH_REASON: Final = "llm.finish_reason"
 
 #: The keys of one payload, in this order: the hand-off key, sha256, size, omitted, preview, and
 #: the OpenInference value (the text on the span) and mime type. Written by the boundaries, read by the span -> event

@@ -20,6 +20,7 @@ from cli_support import stepfork
 from conftest import installed
 from foreign_support import PROMPT, Traced, docs_block, normalised, replay, traced
 
+import stepfork_otel
 from examples.fake_llm import FakeLLM
 from stepfork_otel import Trace
 from stepfork_otel import constants as k
@@ -290,6 +291,18 @@ def otlp(span: SpanRecord) -> dict[str, Any]:
     }
 
 
+def conversation() -> list[dict[str, str]]:
+    """70 exchanges, then a question: 141 messages."""
+    messages: list[dict[str, str]] = []
+    for n in range(70):
+        messages += [
+            {"role": "user", "content": f"question {n}"},
+            {"role": "assistant", "content": f"answer {n}"},
+        ]
+    messages.append({"role": "user", "content": "and now?"})
+    return messages
+
+
 def long_conversation(
     url: str, spans: Path, attribute_limit: int | None = None, hide_messages: bool = False
 ) -> None:
@@ -310,27 +323,44 @@ def long_conversation(
     config = TraceConfig(hide_input_messages=hide_messages, hide_output_messages=hide_messages)
     instrumentation.instrument(tracer_provider=provider, config=config)
     try:
-        messages: list[dict[str, str]] = []
-        for n in range(70):
-            messages += [
-                {"role": "user", "content": f"question {n}"},
-                {"role": "assistant", "content": f"answer {n}"},
-            ]
-        messages.append({"role": "user", "content": "and now?"})
         with (
             openai.OpenAI(base_url=url, api_key="sk-test") as client,
             provider.get_tracer("chat-app").start_as_current_span("long-chat"),
         ):
             client.responses.create(model="gpt-4o", input="hello", instructions="be brief")
-            client.chat.completions.create(model="gpt-4o", messages=messages)
+            client.chat.completions.create(model="gpt-4o", messages=conversation())
     finally:
         instrumentation.uninstrument()
         provider.shutdown()
 
 
+def replay_long(bundle: Path, messages: list[dict[str, str]]) -> str:
+    """The long conversation replayed frozen in this process (nothing listens at the URL)."""
+    import openai
+
+    import stepfork_otel
+    from stepfork_otel import ReplaySession
+
+    stepfork_otel.instrument_openai()
+    try:
+        with (
+            ReplaySession.from_trace(bundle) as session,
+            openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="sk-test") as client,
+        ):
+            client.responses.create(model="gpt-4o", input="hello", instructions="be brief")
+            reply = client.chat.completions.create(model="gpt-4o", messages=messages)
+            session.verify_complete()
+        return reply.choices[0].message.content or ""
+    finally:
+        stepfork_otel.uninstrument_openai()
+
+
 def test_a_long_conversation_loses_input_value_to_the_attribute_limit_and_the_import_says_so(
     tmp_path: Path,
 ) -> None:
+    """The attribute count limit evicts ``input.value``, ``output.value`` and the first messages'
+    attributes: the call keeps the last messages (fidelity ``truncated``, compared on those) and
+    a response rebuilt from the output message attributes -- and replays."""
     with FakeLLM() as llm:
         long_conversation(llm.openai_url, tmp_path / "default.jsonl")
         long_conversation(llm.openai_url, tmp_path / "raised.jsonl", attribute_limit=1000)
@@ -340,21 +370,31 @@ def test_a_long_conversation_loses_input_value_to_the_attribute_limit_and_the_im
     print(done.stdout)
     assert done.returncode == 1
     assert "complete -- long-chat, 2 calls, ok" in done.stdout
+    assert "missing" not in done.stdout.split("problems in the input")[0]
     assert (
-        "missing call-2: input missing (not_recorded) -- replay stops at this call" in done.stdout
-    )
-    assert (
-        "(ChatCompletion, call 2 of the trace): input missing -- input.value is not on the span "
+        "(ChatCompletion, call 2 of the trace): input.value is not on the span "
         "(the SDK's attribute count limit evicts the oldest attributes first: raise "
-        "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT)" in done.stdout
+        "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT); the last 60 messages, from its per-message "
+        "attributes, are compared (fidelity truncated)" in done.stdout
     )
-    assert "call-1" not in done.stdout  # the Responses call is whole
+    assert "the response is rebuilt from its per-message attributes" in done.stdout
     (bundle,) = (tmp_path / "bundles").glob("*.sftrace")
-    first = Trace.load(bundle).calls[0]
+    first, second = Trace.load(bundle).calls
     assert payload_value(first.input)["url"] == "responses"
+    assert (first.fidelity, second.fidelity) == ("exact", "truncated")
+    assert payload_value(second.input)["tail"] == 60
     assert normalised(docs_block("openinference-limit")) == normalised(
         "$ stepfork import spans.jsonl -o bundles\n" + done.stdout
     )
+
+    assert replay_long(bundle, conversation()) == "You said: and now?"
+    earlier = conversation()
+    earlier[0]["content"] = "a question the span lost"
+    assert replay_long(bundle, earlier) == "You said: and now?"  # not compared, and said
+    later = conversation()
+    later[-2]["content"] = "another answer"
+    with pytest.raises(stepfork_otel.ReplayMismatchError, match=r"messages\[58\]\.parts"):
+        replay_long(bundle, later)
 
     for name in ("raised", "hidden"):  # what the docs advise
         kept = stepfork("import", f"{name}.jsonl", "-o", name, cwd=tmp_path)

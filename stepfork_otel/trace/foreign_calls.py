@@ -10,6 +10,7 @@ at its boundary.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -195,3 +196,31 @@ def first_str(attrs: Mapping[str, Any], *keys: str) -> str | None:
         if isinstance(value, str) and value:
             return value
     return None
+
+
+def indexed_messages(
+    attrs: Mapping[str, Any],
+    family: str,
+    key: re.Pattern[str],
+    call: re.Pattern[str],
+    text: re.Pattern[str] | None = None,
+) -> dict[int, dict[str, Any]]:
+    """Messages flattened into one attribute per field (OpenLLMetry's ``gen_ai.prompt.N.*``,
+    OpenInference's ``llm.input_messages.N.message.*``), by index. ``key`` matches an attribute
+    as ``(family, index, field)``; a field that ``call`` matches as ``(tool call index, name)``
+    goes to the message's ``calls``, one ``text`` matches as ``(part index,)`` to its ``texts``."""
+    found: dict[int, dict[str, Any]] = {}
+    for name, value in attrs.items():
+        match = key.match(name)
+        if match is None or match[1] != family:
+            continue
+        message = found.setdefault(int(match[2]), {})
+        tool = call.match(match[3])
+        part = text.match(match[3]) if text is not None else None
+        if tool is not None:
+            message.setdefault("calls", {}).setdefault(int(tool[1]), {})[tool[2]] = value
+        elif part is not None:
+            message.setdefault("texts", {})[int(part[1])] = value
+        else:
+            message[match[3]] = value
+    return found

@@ -37,6 +37,7 @@ from stepfork_otel.trace.conversion import SpanRecord
 from stepfork_otel.trace.foreign_calls import (
     ImportedLlm,
     first_str,
+    indexed_messages,
     json_object,
     json_value,
     llm_record,
@@ -105,18 +106,7 @@ def is_tool(span: SpanRecord) -> bool:
 def _indexed(attrs: Mapping[str, Any], family: str) -> dict[int, dict[str, Any]]:
     """OpenLLMetry's flattened messages (``gen_ai.prompt.N.role``, ``.content``,
     ``.tool_call_id``, ``.finish_reason``, ``.tool_calls.M.name``/``id``/``arguments``)."""
-    found: dict[int, dict[str, Any]] = {}
-    for key, value in attrs.items():
-        match = _INDEXED.match(key)
-        if match is None or match[1] != family:
-            continue
-        message = found.setdefault(int(match[2]), {})
-        call = _INDEXED_CALL.match(match[3])
-        if call is not None:
-            message.setdefault("calls", {}).setdefault(int(call[1]), {})[call[2]] = value
-        else:
-            message[match[3]] = value
-    return found
+    return indexed_messages(attrs, family, _INDEXED, _INDEXED_CALL)
 
 
 def _flattened_parts(message: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ tool's name (``tool.name``), its arguments (``input.value``, JSON) and its resul
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +30,7 @@ from stepfork_otel.trace.conversion import SpanRecord
 from stepfork_otel.trace.foreign_calls import (
     EVICTED,
     ImportedLlm,
+    indexed_messages,
     json_object,
     json_value,
     llm_record,
@@ -36,7 +38,9 @@ from stepfork_otel.trace.foreign_calls import (
     tool_record,
     where,
 )
-from stepfork_otel.trace.foreign_responses import JSON_HEADERS
+from stepfork_otel.trace.foreign_request import normal_messages, request_form, unchecked
+from stepfork_otel.trace.foreign_responses import JSON_HEADERS, openai_chat_completion
+from stepfork_otel.trace.genai_messages import request_attributes
 from stepfork_otel.trace.redaction import Redactor
 
 #: OpenInference's OpenAI span names (the SDK's response type) -> the request URL, relative to
@@ -92,7 +96,14 @@ def llm_call(
     if body is not None and _BODY_FIELD[url] not in body:
         body = None
     call = ImportedLlm(k.PROVIDER_OPENAI, _model(attrs, body))
-    if body is None:
+    kept, lost = _flattened(attrs, "input") if raw_input is None else ([], 0)
+    if body is None and kept and url == "chat/completions":
+        _tail(call, attrs, url, kept, lost)
+        notes.append(
+            f"{at}: input.value is not on the span {EVICTED}; the last {len(kept)} messages, "
+            f"from its per-message attributes, are compared (fidelity {call.fidelity})"
+        )
+    elif body is None:
         why = (
             f"input.value is not on the span {EVICTED}"
             if raw_input is None
@@ -114,6 +125,24 @@ def llm_call(
             f"{at}: the call failed; OpenInference keeps no response of a failed call "
             "(only its exception event); replay stops at this call"
         )
+    elif response is None and k.OUTPUT_VALUE not in attrs and _flattened(attrs, "output")[0]:
+        outputs = _flattened(attrs, "output")[0]
+        reason = attrs.get(k.OI_FINISH_REASON)
+        if isinstance(reason, str):
+            outputs[0]["finish_reason"] = reason
+        body, inferred = openai_chat_completion(
+            outputs,
+            response_id=f"imported-{span.span_id}",
+            model=call.model,
+            created=(span.end_time_unix_nano or 0) // 1_000_000_000,
+            usage=call.usage,
+        )
+        call.unchecked += inferred
+        call.response = {"status": 200, "headers": dict(JSON_HEADERS), "body": body}
+        notes.append(
+            f"{at}: output.value is not on the span {EVICTED}; the response is rebuilt from "
+            "its per-message attributes (no response id)"
+        )
     elif response is None:
         why = (
             f"output.value is not on the span {EVICTED}"
@@ -126,6 +155,74 @@ def llm_call(
         call.response_model = model_out if isinstance(model_out, str) else None
         call.response = {"status": 200, "headers": dict(JSON_HEADERS), "body": response}
     return llm_record(span, call, redactor)
+
+
+_FLAT = re.compile(r"^llm\.(input|output)_messages\.(\d+)\.message\.(.+)$")
+_FLAT_CALL = re.compile(r"^tool_calls\.(\d+)\.tool_call\.(id|function\.name|function\.arguments)$")
+_FLAT_TEXT = re.compile(r"^contents\.(\d+)\.message_content\.text$")
+
+
+def _flattened(attrs: Mapping[str, Any], family: str) -> tuple[list[dict[str, Any]], int]:
+    """OpenInference's per-message attributes (``llm.input_messages.N.message.role``,
+    ``.content``, ``.contents.M.message_content.text``, ``.tool_call_id``,
+    ``.tool_calls.M.tool_call.id``/``.function.name``/``.function.arguments``) as GenAI messages,
+    from the first whole one on, and the index of that one (the attribute limit evicts the
+    oldest: the messages before it, and part of it, are lost)."""
+    found = indexed_messages(attrs, family, _FLAT, _FLAT_CALL, _FLAT_TEXT)
+    whole = sorted(i for i, m in found.items() if isinstance(m.get("role"), str))
+    if not whole:
+        return [], 0
+    first = whole[0]
+    messages = []
+    for index in range(first, max(found) + 1):
+        message = found.get(index, {})
+        role = message.get("role")
+        parts: list[dict[str, Any]] = []
+        if role == "tool":
+            parts.append(
+                {
+                    "type": "tool_call_response",
+                    "id": message.get("tool_call_id"),
+                    "response": message.get("content"),
+                }
+            )
+        else:
+            texts = [
+                message.get("content"),
+                *(t for _, t in sorted(message.get("texts", {}).items())),
+            ]
+            parts += [{"type": "text", "content": t} for t in texts if isinstance(t, str)]
+            for _, tool in sorted(message.get("calls", {}).items()):
+                parts.append(
+                    {
+                        "type": "tool_call",
+                        "id": tool.get("id"),
+                        "name": tool.get("function.name"),
+                        "arguments": tool.get("function.arguments"),
+                    }
+                )
+        messages.append({"role": role, "parts": parts})
+    return messages, first
+
+
+def _tail(
+    call: ImportedLlm, attrs: Mapping[str, Any], url: str, kept: list[Any], lost: int
+) -> None:
+    """The request form of a call whose ``input.value`` was evicted: the messages its
+    per-message attributes still hold (the last ones), and the parameters
+    ``llm.invocation_parameters`` holds when it was kept."""
+    invocation = json_object(attrs.get(k.OI_INVOCATION_PARAMETERS))
+    tail = len(kept) if lost else None
+    call.fidelity = k.FIDELITY_TRUNCATED if lost else k.FIDELITY_MESSAGES_ONLY
+    form = request_form(
+        url=url,
+        model=call.model,
+        messages=normal_messages([], kept, keep_system_in_place=tail is not None),
+        params=None if invocation is None else request_attributes(invocation),
+        tail=tail,
+    )
+    call.request = form
+    call.unchecked = unchecked(form)
 
 
 def tool_call(span: SpanRecord, n: int, redactor: Redactor, notes: list[str]) -> SpanRecord:
