@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from stepfork_otel.trace import foreign
+from stepfork_otel.trace.builder import spans_to_trace
 from stepfork_otel.trace.canonical import canonical_json
-from stepfork_otel.trace.conversion import SpanRecord, spans_to_trace
+from stepfork_otel.trace.conversion import SpanRecord
 from stepfork_otel.trace.foreign_request import live_arguments, live_form
 from stepfork_otel.trace.models import LlmRequest
 from stepfork_otel.trace.otlp import ImportReport, iter_traces_from_otlp_json

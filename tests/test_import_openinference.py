@@ -25,7 +25,8 @@ from examples.fake_llm import FakeLLM
 from stepfork_otel import Trace
 from stepfork_otel import constants as k
 from stepfork_otel.trace import foreign
-from stepfork_otel.trace.conversion import SpanRecord, spans_to_trace
+from stepfork_otel.trace.builder import spans_to_trace
+from stepfork_otel.trace.conversion import SpanRecord
 from stepfork_otel.trace.models import LlmRequest, LlmResponse, payload_value
 from stepfork_otel.trace.otlp import ImportReport, iter_traces_from_otlp_json
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR

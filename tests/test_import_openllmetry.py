@@ -33,8 +33,9 @@ from foreign_support import ANSWERS, PROMPT, replay
 from stepfork_otel import Trace
 from stepfork_otel import constants as k
 from stepfork_otel.trace import foreign
+from stepfork_otel.trace.builder import spans_to_trace
 from stepfork_otel.trace.canonical import canonical_json
-from stepfork_otel.trace.conversion import SpanRecord, spans_to_trace
+from stepfork_otel.trace.conversion import SpanRecord
 from stepfork_otel.trace.foreign_request import live_form
 from stepfork_otel.trace.models import LlmRequest, LlmResponse, payload_value
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR

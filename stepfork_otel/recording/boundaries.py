@@ -49,11 +49,10 @@ from stepfork_otel.recording.determinism import mark_body, take_pending
 from stepfork_otel.recording.handoff import HANDOFF
 from stepfork_otel.recording.integrations.genai import describe_request
 from stepfork_otel.recording.spans import (
-    call_start_time,
+    call_starting,
     check_attributes_kept,
     end_span,
     first_call_of_trace,
-    next_call_number,
     note_provider,
     record_failure,
     span_payload_attributes,
@@ -207,11 +206,7 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
     token = None
     try:
         parent = trace_api.get_current_span().get_span_context()
-        if parent.is_valid:
-            seq, start = next_call_number(parent.trace_id)
-        else:
-            seq, start = 1, call_start_time()
-        prepared.attributes[k.CALL_SEQ] = seq
+        prepared.attributes[k.CALL_SEQ] = 0  # (its place among the attributes; numbered below)
         captured = take_pending()  # the run's clock/random reads since its previous call
         if captured is not None:
             prepared.attributes[k.CAPTURED] = captured
@@ -222,14 +217,16 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
         if prepared.described:
             _add_last(prepared.attributes, prepared.described)
         tracer = CONFIG.tracer()
-        span = tracer.start_span(
-            prepared.span_name,
-            kind=prepared.span_kind,
-            attributes=prepared.attributes,
-            start_time=start,
-            record_exception=False,
-            set_status_on_exception=False,
-        )
+        with call_starting(parent.trace_id if parent.is_valid else None) as (seq, start):
+            prepared.attributes[k.CALL_SEQ] = seq
+            span = tracer.start_span(
+                prepared.span_name,
+                kind=prepared.span_kind,
+                attributes=prepared.attributes,
+                start_time=start,
+                record_exception=False,
+                set_status_on_exception=False,
+            )
         check_attributes_kept(span, tracer)
         if body:
             if not parent.is_valid:

@@ -3,8 +3,8 @@ the traces it already has (``stepfork import``).
 
 The importer hands the spans of a trace that holds no stepfork span to :func:`adopt`. Each span
 an adapter recognises is given the attributes and payloads a stepfork boundary span carries, its
-trace's local root becomes the run, and the one conversion
-(:func:`~stepfork_otel.trace.conversion.spans_to_trace`) builds the bundle: there is no second
+trace's local root becomes the run, and the one bundle builder
+(:func:`~stepfork_otel.trace.builder.spans_to_trace`) builds the bundle: there is no second
 converter. Replay then serves the calls through ``instrument_openai()`` /
 ``instrument_anthropic()`` and ``@trace_tool``. One adapter per convention:
 

@@ -10,7 +10,7 @@ The one conversion
 ------------------
 Every span becomes a :class:`~stepfork_otel.trace.conversion.SpanRecord` (hex ids, attributes decoded
 from OTLP ``AnyValue``) and the spans of one trace go through
-:func:`~stepfork_otel.trace.conversion.spans_to_trace` -- the function the live bundle processor
+:func:`~stepfork_otel.trace.builder.spans_to_trace` -- the builder the live bundle processor
 uses. Nothing here builds an event, so a bundle imported from a collector's file equals the bundle
 the processor wrote locally for the same run (same events, same fingerprints), except where the
 span itself lacks something: a payload left off the span (size cap, capture off) or cut by an
@@ -81,11 +81,11 @@ import orjson
 
 from stepfork_otel import constants as k
 from stepfork_otel.trace import foreign, grouping
+from stepfork_otel.trace.builder import spans_to_trace
 from stepfork_otel.trace.conversion import (
     SpanRecord,
     is_stepfork_span,
     parents_and_kinds,
-    spans_to_trace,
     top_level_runs,
 )
 from stepfork_otel.trace.limits import (
