@@ -189,6 +189,13 @@ def run_lines(trace: Trace, style: Style, verbose: bool) -> list[str]:
     calls = trace.calls
     tools = sum(1 for c in calls if isinstance(c, ToolCall))
     lines.append(f"  {len(calls)} calls ({len(calls) - tools} llm, {tools} tool)")
+    if run.untraced_tools:
+        lines.append(
+            style.yellow(
+                f"  tools the model called that no span shows running: "
+                f"{', '.join(run.untraced_tools)} (replay refuses them unless live and allowed)"
+            )
+        )
     if trace.dropped_spans:
         lines.append(style.yellow(f"  {trace.dropped_spans} spans were dropped while recording"))
     if trace.context:
@@ -232,9 +239,21 @@ class CallRow:
             "duration_ns": self.duration_ns,
             "replay_policy": call.replay_policy.value,
             "replay_action": call.replay_action,
+            "fidelity": call.fidelity,
+            "unchecked": list(call.unchecked) if call.unchecked else None,
             "input": self.input.to_dict(),
             "output": None if self.output is None else self.output.to_dict(),
         }
+
+
+def _fidelity(call: CallEvent, style: Style) -> str:
+    """How much an imported call holds (``stepfork import`` of another instrumentation's spans):
+    exact, messages-only or truncated, and what its span did not hold."""
+    if call.fidelity is None:
+        return ""
+    shown = call.fidelity if call.fidelity == "exact" else style.yellow(call.fidelity)
+    held = f" (not held: {'; '.join(call.unchecked)})" if call.unchecked else ""
+    return f"  fidelity {shown}{held}"
 
 
 def call_rows(trace: Trace, verbose: bool) -> list[CallRow]:
@@ -289,8 +308,10 @@ def _call_head(row: CallRow, style: Style) -> str:
     if call.replay_policy is not ReplayPolicy.REPLAYABLE:
         policy = style.yellow(policy)
     action = f"  replay: {call.replay_action}" if call.replay_action else ""
+    fidelity = _fidelity(call, style)
     return (
-        f"{call.id}  {style.bold(call_label(call))}  {status}  {duration}  policy {policy}{action}"
+        f"{call.id}  {style.bold(call_label(call))}  {status}  {duration}  "
+        f"policy {policy}{action}{fidelity}"
     )
 
 

@@ -179,6 +179,10 @@ class _Decision(ReplayDecision):
         if self.session is not None:
             self.session.abandon_call(self, error)
 
+    def note(self, text: str) -> None:
+        if self.session is not None and self.replayed is not None:
+            self.session.note_call(self.replayed, text)
+
     def diverged(self, reason: str) -> BaseException:
         error = ReplayMismatchError(
             reason,
@@ -245,6 +249,7 @@ class ReplaySession:
         self.allow_network = self._network.allow
         self._network_token: GuardToken | None = None
         self.trace = trace
+        self._untraced_tools = frozenset(trace.run.untraced_tools or ())
         self.source = source
         self.approve = approve
         with gc_paused():
@@ -535,6 +540,8 @@ class ReplaySession:
     def _begin(self, call: BoundaryCall, replayed: ReplayedCall) -> ReplayDecision:
         position = replayed.position
         decisions.refuse_unmatched(self, call, position)  # nothing to match for these
+        if decisions.untraced_tool(self, call, position, self._untraced_tools):
+            return self._execute_untraced(replayed)
         cursor = self._cursor
         if cursor >= len(self._plan):  # no recorded call left: nothing to match against
             raise matching.exhausted_error(
@@ -559,9 +566,10 @@ class ReplaySession:
         replayed.recorded_id = expected.event.id
         replayed.recorded_input_sha256 = expected.input_sha256
         replayed.recorded_output_sha256 = output_sha256 = expected.output_sha256
-        note = decisions.policy_note(policy)
-        if note is not None:
-            replayed.notes.append(note)
+        replayed.fidelity = expected.event.fidelity
+        for note in (decisions.policy_note(policy), results.fidelity_note(expected.event)):
+            if note is not None:
+                replayed.notes.append(note)
         decisions.refuse_matched(self, call, expected, policy, verdict, position)
         if verdict is Verdict.EXECUTE:
             return self._execute(replayed, expected)
@@ -610,6 +618,17 @@ class ReplaySession:
             cursor += 1
         self._cursor = cursor
 
+    def _execute_untraced(self, replayed: ReplayedCall) -> ReplayDecision:
+        """A tool the recording never traced, allowed to run live: no recorded call stands for
+        it, so nothing is consumed and its outcome is not compared."""
+        replayed.action = ACTION_EXECUTED
+        replayed.notes.append(
+            "ran live, unrecorded: the imported trace holds no span of this tool's runs"
+        )
+        return _Decision(
+            ACTION_EXECUTED, session=self, replayed=replayed, live=self._network.enter_live()
+        )
+
     def _execute(self, replayed: ReplayedCall, expected: RecordedCall) -> ReplayDecision:
         replayed.action = ACTION_EXECUTED
         note = results.input_drift_note(replayed.input_sha256, expected.input_sha256)
@@ -629,6 +648,11 @@ class ReplaySession:
             token=token,
             live=self._network.enter_live(),  # the body may reach its service
         )
+
+    def note_call(self, replayed: ReplayedCall, text: str) -> None:
+        """A note the boundary made on how it served a call (``ReplayDecision.note``)."""
+        with self._lock:
+            replayed.notes.append(text)
 
     def diverged_after(self, decision: _Decision, error: ReplayMismatchError) -> None:
         """A call departed from its recording after it was decided (a replayed stream read past

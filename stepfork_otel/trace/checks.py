@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import orjson
 
+from stepfork_otel import constants as k
 from stepfork_otel.trace.canonical import (
     UNSERIALISABLE_MARKER,
     loads,
@@ -78,6 +79,7 @@ def validate_structure(trace: Trace) -> list[Problem]:
     Outcomes without ``parent_id`` (legacy bundles) are paired as :func:`pair_outcomes` says.
     The captured reads are checked too (:func:`~stepfork_otel.trace.captured.captured_problems`)."""
     problems: list[Problem] = captured_problems(trace) if trace.captured else []
+    problems += _form_problems(trace.events)
     if _plainly_consistent(trace.events):
         return problems
     ids: set[str] = set()
@@ -116,6 +118,30 @@ def validate_structure(trace: Trace) -> list[Problem]:
             problems.append(Problem(outcome.id, "tool_result paired with a non-tool call"))
         if isinstance(outcome, LlmResponse) and not isinstance(call, LlmRequest):
             problems.append(Problem(outcome.id, "llm_response paired with a non-LLM call"))
+    return problems
+
+
+def _form_problems(events: list[Event]) -> list[Problem]:
+    """An LLM call imported at ``messages-only``/``truncated`` fidelity must hold a request form
+    (``{"url", "model", "messages", ...}``): replay projects the live request onto it."""
+    problems: list[Problem] = []
+    imported = [e for e in events if type(e) is LlmRequest and e.fidelity is not None]
+    for event in imported:  # (none in a bundle stepfork recorded)
+        if event.fidelity not in k.SEMANTIC_FIDELITIES or event.input is None:
+            continue
+        try:
+            form = loads(event.input)
+        except (ValueError, TypeError, RecursionError):
+            continue  # not JSON: the payload checks say so
+        if not (
+            isinstance(form, dict)
+            and isinstance(form.get("messages"), list)
+            and isinstance(form.get("url"), str)
+            and isinstance(form.get("model"), str)
+        ):
+            problems.append(
+                Problem(event.id, f"fidelity {event.fidelity} but the input is not a request form")
+            )
     return problems
 
 
