@@ -103,9 +103,11 @@ class Turns:
     @contextlib.asynccontextmanager
     async def aturn(self, worker: int) -> AsyncIterator[None]:
         """For an asyncio task (all on one loop): the same, yielding to the others meanwhile."""
-        async with asyncio.timeout(WAIT):
-            while not self.mine(worker):
-                await asyncio.sleep(0)
+        deadline = time.monotonic() + WAIT  # (a monotonic clock is not a captured source)
+        while not self.mine(worker):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker {worker} never got its turn")
+            await asyncio.sleep(0)
         try:
             yield
         finally:

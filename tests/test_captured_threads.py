@@ -79,8 +79,8 @@ def _threads(seed: int, workers: int = 4, rounds: int = 3) -> dict[str, Any]:
 
 
 def _tasks(seed: int, workers: int = 4, rounds: int = 3) -> dict[str, Any]:
-    """asyncio tasks -- two by ``gather``, two in a ``TaskGroup`` -- stamp in the order ``seed``
-    draws, then report one after the other."""
+    """asyncio tasks -- two by ``gather``, two in a ``TaskGroup`` (``create_task`` before Python
+    3.11) -- stamp in the order ``seed`` draws, then report one after the other."""
     turns = Turns(workers, rounds, seed)
 
     async def main() -> list[list[Any]]:
@@ -100,10 +100,15 @@ def _tasks(seed: int, workers: int = 4, rounds: int = 3) -> dict[str, Any]:
             return stamps
 
         half = workers // 2
-        async with asyncio.TaskGroup() as group:
-            gathered = asyncio.gather(*(work(w) for w in range(half)))
-            grouped = [group.create_task(work(w)) for w in range(half, workers)]
+        gathered = asyncio.gather(*(work(w) for w in range(half)))
+        if sys.version_info >= (3, 11):
+            async with asyncio.TaskGroup() as group:
+                grouped = [group.create_task(work(w)) for w in range(half, workers)]
+                first = await gathered
+        else:  # (no TaskGroup before Python 3.11)
+            grouped = [asyncio.create_task(work(w)) for w in range(half, workers)]
             first = await gathered
+            await asyncio.wait(grouped)
         return [*first, *(task.result() for task in grouped)]
 
     return {"stamps": asyncio.run(main()), "order": turns.order}
@@ -195,6 +200,33 @@ def test_each_thread_is_served_its_own_values_in_any_interleaving(
     reads = session.summary.reads
     assert reads.recorded == reads.served == len(trace.captured)
     assert all(call.action == "substituted" for call in session.summary.calls)
+
+
+def test_a_bundle_rebuilt_from_exported_spans_keeps_each_read_s_thread(
+    recording: Recording, tmp_path: Path
+) -> None:
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from stepfork_otel.otel.otlp_file import OtlpJsonFileExporter
+
+    out = tmp_path / "otlp.jsonl"
+    exporter = OtlpJsonFileExporter(out)
+    recording.provider.add_span_processor(SimpleSpanProcessor(exporter))
+    path = tmp_path / "run.sftrace"
+    with record(path, capture=("time", "random", "uuid")):
+        recorded = _tasks(21)
+    exporter.shutdown()
+    trace = Trace.load(path)
+    imported = Trace.from_otlp_json(out)
+    assert imported.captured == trace.captured
+    assert {r.thread for r in imported.captured} == THREADS["tasks"]
+    rebuilt = tmp_path / "imported.sftrace"
+    imported.save(rebuilt)
+    with ReplaySession.from_trace(rebuilt) as session:
+        replayed = _tasks(22)
+    session.verify_complete()
+    assert replayed["order"] != recorded["order"]
+    assert replayed["stamps"] == recorded["stamps"]
 
 
 def test_an_agent_with_threads_and_tasks_replays_in_another_interleaving_in_a_fresh_process(

@@ -66,7 +66,7 @@ import orjson
 from opentelemetry import context as context_api
 
 from stepfork_otel import constants as k
-from stepfork_otel._internal import handle_internal_errors
+from stepfork_otel._internal import handle_internal_errors, internal_error
 from stepfork_otel.config import CONFIG
 from stepfork_otel.recording.contract import Replayer, Site, current_session
 from stepfork_otel.trace.captured import RANDOM_FUNCTIONS, env_fingerprint, env_salting
@@ -237,11 +237,21 @@ class _Lane:
     """The capturing run or replay session it belongs to (a context left from another run's
     thread is not one of this run's)."""
     path: str | None
-    started: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    started: Iterator[int] | None = None
+    """Numbers the threads it starts (made by the first: most tasks start none)."""
 
     def child(self) -> _Lane:
-        number = next(self.started)  # (atomic: a C iterator)
+        counter = self.started
+        if counter is None:
+            with _lanes_lock:
+                if self.started is None:
+                    self.started = itertools.count(1)
+                counter = self.started
+        number = next(counter)  # (atomic: a C iterator)
         return _Lane(self.owner, str(number) if self.path is None else f"{self.path}.{number}")
+
+
+_lanes_lock = threading.Lock()
 
 
 _lane: ContextVar[_Lane | None] = ContextVar("stepfork_capture_thread", default=None)
@@ -326,8 +336,10 @@ def _create_task(
 ) -> Any:
     lane = None
     if kwargs.get("context") is None:
-        with handle_internal_errors("numbering a task of the run"):
+        try:
             lane = _fork(sys._getframe(1), _task_by_own_code)
+        except Exception:  # (a try costs nothing until it fails: tasks can be many)
+            internal_error("numbering a task of the run")
     if lane is None:
         return _real_create_task(self, coro, *args, **kwargs)
     # A task copies the context it is created in (a task factory's too; Python 3.10 takes no
