@@ -553,3 +553,16 @@ def test_the_threads_example_in_the_docs_prints_what_the_page_shows(tmp_path: Pa
         )
         assert done.returncode == 0, done.stderr[-3000:]
         assert done.stdout == shown.source, done.stdout
+
+
+def test_show_names_the_thread_of_each_read(recording: Recording, tmp_path: Path) -> None:
+    from stepfork_otel.cli._common import Style
+    from stepfork_otel.cli.show_cmd import captured_lines
+
+    trace = _record_pickers(tmp_path / "run.sftrace", (1, 1))
+    lines = [
+        line
+        for line in captured_lines(trace, Style(None, enabled=False), False)
+        if "random.random" in line
+    ]
+    assert [line.endswith(f"in thread {n}") for n, line in zip("12", lines)] == [True, True]
