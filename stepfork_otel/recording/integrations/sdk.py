@@ -32,6 +32,7 @@ import functools
 import importlib
 import logging
 import threading
+import time
 import types
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -218,6 +219,7 @@ def _sync_send(http: Http, original: Callable[..., Any]) -> Callable[..., Any]:
         call = _current.get()
         if call is None:
             return original(self, request, *args, **kwargs)
+        start = time.perf_counter()  # (a response built here has its elapsed from it)
         prepared = _prepare(call, http, request)
         if prepared is None:
             return original(self, request, *args, **kwargs)
@@ -236,7 +238,7 @@ def _sync_send(http: Http, original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             if not kwargs.get("stream"):
                 result = boundaries.run_sync(prepared, perform)
-                return result if live else http.response(request, result)
+                return result if live else http.response(request, result, start)
 
             def open_stream() -> StreamStart[Any]:
                 response = perform()
@@ -257,11 +259,11 @@ def _sync_send(http: Http, original: Callable[..., Any]) -> Callable[..., Any]:
                     pass
                 return live[0]
             if not live and exchange.STREAM_BODY_KEYS & head.keys():
-                return http.response(request, head)
+                return http.response(request, head, start)
             status, headers = (
                 (live[0].status_code, live[0].headers) if live else exchange.head_of(head)
             )
-            return http.streamed(request, status, headers, events)
+            return http.streamed(request, status, headers, events, start)
         except BaseException as exc:
             raise _carry(exc, raised, http) from None
 
@@ -275,6 +277,7 @@ def _async_send(http: Http, original: Callable[..., Any]) -> Callable[..., Any]:
         call = _current.get()
         if call is None:
             return await original(self, request, *args, **kwargs)
+        start = time.perf_counter()  # (a response built here has its elapsed from it)
         prepared = _prepare(call, http, request)
         if prepared is None:
             return await original(self, request, *args, **kwargs)
@@ -293,7 +296,7 @@ def _async_send(http: Http, original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             if not kwargs.get("stream"):
                 result = await boundaries.run_async(prepared, perform)
-                return result if live else http.response(request, result)
+                return result if live else http.response(request, result, start)
 
             async def open_stream() -> StreamStart[Any]:
                 response = await perform()
@@ -314,11 +317,11 @@ def _async_send(http: Http, original: Callable[..., Any]) -> Callable[..., Any]:
                     pass
                 return live[0]
             if not live and exchange.STREAM_BODY_KEYS & head.keys():
-                return http.response(request, head)
+                return http.response(request, head, start)
             status, headers = (
                 (live[0].status_code, live[0].headers) if live else exchange.head_of(head)
             )
-            return http.astreamed(request, status, headers, events)
+            return http.astreamed(request, status, headers, events, start)
         except BaseException as exc:
             raise _carry(exc, raised, http) from None
 
