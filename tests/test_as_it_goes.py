@@ -20,9 +20,9 @@ import pytest
 from stepfork_otel import ReplaySession, configure, record, trace_tool
 from stepfork_otel.constants import FLUSH_BUFFER_BYTES
 from stepfork_otel.otel.processor import span_record
+from stepfork_otel.trace.builder import spans_to_trace
 from stepfork_otel.trace.bundle import dump_trace, load_trace
 from stepfork_otel.trace.checks import validate_structure, verify_integrity
-from stepfork_otel.trace.conversion import spans_to_trace
 from stepfork_otel.trace.errors import BundleError
 from stepfork_otel.trace.models import ToolCall, Trace
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
@@ -255,11 +255,11 @@ def test_a_compressed_bundle_cut_short_loads_too(recording: Any, tmp_path: Path)
         load_trace(cut)
 
 
-def test_the_writer_thread_writes_what_was_queued_and_nothing_after_the_trailer(
+def test_a_bundle_file_writes_what_was_added_and_nothing_after_the_trailer(
     recording: Any, tmp_path: Path
 ) -> None:
-    # every write is the writer thread's; a flush or an append after the close neither writes
-    # nor waits forever (the writer may be past its last look at the queue)
+    # what is added is written when due (forced here, as a waiting thread forces it); after the
+    # trailer nothing is written, and closing twice says so
     from stepfork_otel.otel.writer import BundleAppender
     from stepfork_otel.trace.bundle import BundleEncoder
 
@@ -269,17 +269,20 @@ def test_the_writer_thread_writes_what_was_queued_and_nothing_after_the_trailer(
     events = load_trace(tmp_path / "recorded.sftrace").events
     path = tmp_path / "x.sftrace"
     start = Trace(trace_id="ab" * 16)
-    encoder = BundleEncoder(start)
-    appender = BundleAppender(path, encoder, flush_interval=0.5)
+    appender = BundleAppender(path, BundleEncoder(start), flush_interval=0.5)
     for event in events[:-2]:
-        appender.append(encoder.encode([event]))
-    assert appender.flush(timeout=10)
+        appender.add([event])
+    head = path.read_bytes()
+    appender.write_pending(tick=False)  # not due: not a periodic round, nobody waits
+    assert path.read_bytes() == head
+    appender.write_pending(force=True)
+    assert len(load_trace(path).events) == len(events) - 2
     final = start.model_copy(update={"complete": True})
-    assert appender.close([encoder.encode(events[-2:])], final, timeout=10)
+    assert appender.finish(events[-2:], final)
     written = path.read_bytes()
-    appender.append(encoder.encode(events[:1]))  # too late: dropped
-    assert appender.flush(timeout=10)
-    assert appender.close([], start) is False  # (closed once)
+    appender.add(events[:1])  # too late: dropped
+    appender.write_pending(force=True)
+    assert appender.finish([], start) is False  # (closed once)
     assert path.read_bytes() == written
     loaded = load_trace(path)
     assert loaded.complete
@@ -296,18 +299,18 @@ def test_force_flush_keeps_to_its_timeout_when_the_writer_is_stuck(
     from stepfork_otel.otel.writer import BundleAppender
 
     stuck, free = threading.Event(), threading.Event()
-    write_queued = BundleAppender.write_queued
+    write_pending = BundleAppender.write_pending
 
-    def slow(self: BundleAppender, tick: bool) -> None:
+    def slow(self: BundleAppender, *, force: bool = False, tick: bool = False) -> None:
         if not free.is_set():
             stuck.set()
             free.wait(30)
-        write_queued(self, tick)
+        write_pending(self, force=force, tick=tick)
 
     path = tmp_path / "stuck.sftrace"
     with record(path):
         leaf(1)
-        monkeypatch.setattr(BundleAppender, "write_queued", slow)
+        monkeypatch.setattr(BundleAppender, "write_pending", slow)
         flushing = threading.Thread(target=recording.provider.force_flush, args=(200,))
         flushing.start()
         flushing.join(timeout=20)

@@ -35,8 +35,8 @@ from stepfork_otel import (
 from stepfork_otel import constants as k
 from stepfork_otel.otel.processor import span_record
 from stepfork_otel.recording.handoff import HANDOFF
+from stepfork_otel.trace.builder import spans_to_trace
 from stepfork_otel.trace.checks import verify_integrity
-from stepfork_otel.trace.conversion import spans_to_trace
 from stepfork_otel.trace.models import payload_value
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
 

@@ -14,8 +14,9 @@ import pytest
 
 from stepfork_otel import ErrorEvent, LlmRequest, ToolCall, ToolResult, Trace
 from stepfork_otel import constants as k
+from stepfork_otel.trace.builder import spans_to_trace
 from stepfork_otel.trace.checks import validate_structure, verify_integrity
-from stepfork_otel.trace.conversion import SpanRecord, spans_to_trace
+from stepfork_otel.trace.conversion import SpanRecord
 from stepfork_otel.trace.payload import Payload
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
 
@@ -278,9 +279,10 @@ def test_a_root_picks_one_runs_subtree(tmp_path: Path) -> None:
     assert [c.input for c in first.calls] == ['{"arg":3}']
     assert [c.input for c in second.calls] == ['{"arg":5}']
     assert first.context == []  # the application's span around the runs is not in either run
-    whole = to_trace(two_runs(), root_span_id=sid(1))  # the local root: everything
-    assert [c.input for c in whole.calls] == ['{"arg":3}', '{"arg":5}', '{"arg":6}']
-    assert whole.run.span_id == sid(2)  # the first run names the bundle's run info
+    rest = to_trace(two_runs(), root_span_id=sid(1))  # the local root: the calls outside runs
+    assert [c.input for c in rest.calls] == ['{"arg":6}']
+    assert rest.run.span_id is None
+    assert [c.span_id for c in rest.context] == [sid(1)]
     assert_loads(first, tmp_path)
     with pytest.raises(ValueError, match="not among the spans"):
         to_trace(two_runs(), root_span_id=sid(99))

@@ -17,9 +17,9 @@ import examples.booking_agent as agent
 from stepfork_otel import ErrorEvent, LlmRequest, LlmResponse, ToolCall, ToolResult, Trace, record
 from stepfork_otel import constants as k
 from stepfork_otel.otel.processor import span_record
+from stepfork_otel.trace.builder import spans_to_trace
 from stepfork_otel.trace.bundle import dump_trace
 from stepfork_otel.trace.checks import verify_integrity
-from stepfork_otel.trace.conversion import spans_to_trace
 from stepfork_otel.trace.models import payload_value
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
 

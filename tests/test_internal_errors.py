@@ -26,9 +26,9 @@ from stepfork_otel import (
     trace_tool,
 )
 from stepfork_otel.otel import run as run_module
-from stepfork_otel.otel import writer as writer_module
 from stepfork_otel.recording import boundaries
 from stepfork_otel.recording.handoff import HANDOFF, PayloadHandoff
+from stepfork_otel.trace import builder as builder_module
 
 
 class Forced(Exception):
@@ -98,7 +98,7 @@ def test_trace_tool_sync(
 def test_trace_tool_sync_span_start(
     recording: Recording, logged: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(boundaries, "call_start_time", explode)
+    monkeypatch.setattr(boundaries, "call_starting", explode)
     assert tool(2) == 4
     assert calls == ["tool"]
     assert internal_errors(logged) == [
@@ -256,10 +256,10 @@ def test_processor_on_start(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    monkeypatch.setattr(processor_module, "_OpenTrace", explode)
+    monkeypatch.setattr(processor_module, "attributes_of", explode)
     with record(tmp_path / "s.sftrace"):
         assert tool(3) == 6
-    assert "tracking a started span" in internal_errors(logged)[0]
+    assert "queueing a started span" in internal_errors(logged)[0]
 
 
 def test_processor_on_end(
@@ -268,13 +268,13 @@ def test_processor_on_end(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    real, seen = writer_module.span_events, []
+    real, seen = builder_module.span_events, []
 
     def first_explodes(*args: Any) -> Any:
         seen.append(args)
         return explode() if len(seen) == 1 else real(*args)
 
-    monkeypatch.setattr(writer_module, "span_events", first_explodes)  # (the writer converts)
+    monkeypatch.setattr(builder_module, "span_events", first_explodes)  # (the writer converts)
     with record(tmp_path / "e.sftrace") as run:
         assert tool(3) == 6
         assert tool(4) == 8
@@ -290,17 +290,17 @@ def test_processor_on_end(
     assert [c.input for c in trace.calls] == ['{"x":4}']  # the next call is still written
 
 
-def test_processor_on_end_buffering(
+def test_processor_on_end_queueing(
     recording: Recording,
     logged: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    monkeypatch.setattr(processor_module, "_kind", explode)
+    monkeypatch.setattr(recording.processor.bundles, "put", explode)
     with record(tmp_path / "b.sftrace"):
         assert tool(3) == 6
-    assert (  # (tracking the started spans failed first: it asks their kind too)
-        "stepfork_otel internal error while buffering a finished span; the program continues"
+    assert (  # (queueing the started spans failed first)
+        "stepfork_otel internal error while queueing a finished span; the program continues"
         in internal_errors(logged)
     )
 
@@ -316,7 +316,7 @@ def test_processor_force_flush(
     @trace_tool
     def flushing() -> str:
         with monkeypatch.context() as m:
-            m.setattr(writer_module.BundleAppender, "flush", explode)
+            m.setattr(recording.processor.bundles, "wait", explode)
             flushed.append(recording.processor.force_flush())
         return "flushed"
 
@@ -324,33 +324,36 @@ def test_processor_force_flush(
         assert flushing() == "flushed"
     assert flushed == [True]
     assert internal_errors(logged) == [
-        f"stepfork_otel internal error while flushing the bundle {tmp_path / 'f.sftrace'}; "
-        "the program continues"
+        "stepfork_otel internal error while flushing the bundles; the program continues"
     ]
     assert Trace.load(tmp_path / "f.sftrace").complete  # the final bundle was still written
 
 
-def test_processor_force_flush_snapshot(
+def test_processor_writer_round(
     recording: Recording,
     logged: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    results: list[bool] = []
+    """The writer thread meets a failure routing a span: logged, and the next spans are still
+    taken (the thread goes on)."""
+    real, seen = recording.processor.bundles._take, []
 
-    @trace_tool
-    def flushing() -> int:
-        with monkeypatch.context() as m:
-            m.setattr(recording.processor, "_snapshot_jobs", explode)
-            results.append(recording.provider.force_flush())
-        return 1
+    def first_explodes(item: Any) -> None:
+        seen.append(item)
+        return explode() if len(seen) == 3 else real(item)  # (the run, its bundle, a call)
 
-    with record(tmp_path / "g.sftrace"):
-        assert flushing() == 1
-    assert results == [True]
+    monkeypatch.setattr(recording.processor.bundles, "_take", first_explodes)
+    with record(tmp_path / "w.sftrace"):
+        assert tool(3) == 6
+        assert tool(4) == 8
     assert internal_errors(logged) == [
-        "stepfork_otel internal error while flushing open traces; the program continues"
+        "stepfork_otel internal error while writing a span to its bundle; the program continues"
     ]
+    trace = Trace.load(tmp_path / "w.sftrace")
+    assert [c.input for c in trace.calls] == ['{"x":4}']
+    assert trace.incomplete_reason == "1 call(s) could not be written (internal error, logged)"
+    assert recording.processor.stats.write_errors == 1
 
 
 def test_a_substituted_failure_is_raised_even_when_its_span_cannot_record_it(
@@ -406,8 +409,7 @@ def test_inside_a_replay_session_a_span_that_cannot_open_raises(
         tool(1)
     calls.clear()
     session = ReplaySession.from_trace(tmp_path / "rec.sftrace")
-    monkeypatch.setattr(boundaries, "next_call_number", explode)
-    monkeypatch.setattr(boundaries, "call_start_time", explode)
+    monkeypatch.setattr(boundaries, "call_starting", explode)
     with session, pytest.raises(Forced):
         tool(1)
     assert calls == []
@@ -436,8 +438,7 @@ def test_a_refused_call_whose_span_cannot_open_is_logged_and_still_refused(
     with record(tmp_path / "rec.sftrace"):
         tool(1)
     session = ReplaySession.from_trace(tmp_path / "rec.sftrace", mode="forbidden")
-    monkeypatch.setattr(boundaries, "call_start_time", explode)
-    monkeypatch.setattr(boundaries, "next_call_number", explode)  # under the replay's root span
+    monkeypatch.setattr(boundaries, "call_starting", explode)
     monkeypatch.setattr(internal, "RAISE_INTERNAL_ERRORS", False)
     with session, pytest.raises(ReplayPolicyError, match="rejects every dependency call"):
         tool(1)

@@ -19,9 +19,11 @@ from orjson import loads as orjson_loads
 import stepfork_otel._internal as internal
 from stepfork_otel import ErrorEvent, Trace, configure, llm_request, record, trace_tool
 from stepfork_otel.config import CONFIG
-from stepfork_otel.otel.processor import SftraceSpanProcessor
+from stepfork_otel.otel.processor import SftraceSpanProcessor, span_record
 from stepfork_otel.recording.handoff import HANDOFF
+from stepfork_otel.trace.builder import spans_to_trace
 from stepfork_otel.trace.checks import validate_structure, verify_integrity
+from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
 
 
 @trace_tool
@@ -279,7 +281,7 @@ def test_per_trace_cap_drops_with_a_warning_and_says_so(
     assert "3 span(s) of this trace were dropped" in (trace.incomplete_reason or "")
     assert [c.input for c in trace.calls] == ['{"depth":4}', '{"depth":3}']
     assert processor.stats.dropped_spans == 3
-    assert caplog.text.count("exceeded 3 buffered spans") == 1
+    assert caplog.text.count("exceeded 3 spans held") == 1
 
 
 def test_open_trace_cap_refuses_whole_traces_and_says_so(
@@ -306,13 +308,13 @@ def test_open_trace_cap_refuses_whole_traces_and_says_so(
     assert refused.dropped_spans == 4  # two tools, one LLM call, the run
     assert processor.stats.dropped_traces == 1
     assert processor.stats.dropped_spans == 4
-    assert "2 open traces already buffered" in caplog.text
+    assert "2 open traces already followed" in caplog.text
     assert Trace.load(tmp_path / "after.sftrace").complete is True
 
 
-def test_traces_whose_root_already_ended_are_evicted_first(
-    tmp_path: Path, recording: Recording
-) -> None:
+def test_a_trace_whose_spans_all_ended_holds_no_room(tmp_path: Path, recording: Recording) -> None:
+    """A trace is followed while something of it is open here: one whose child ended after its
+    root is let go at once, and never keeps a later trace out at the open-trace cap."""
     processor = configure(
         directory=tmp_path / "capped", tracer_provider=recording.provider, max_open_traces=1
     )
@@ -320,12 +322,12 @@ def test_traces_whose_root_already_ended_are_evicted_first(
     root = tracer.start_span("root")
     late = tracer.start_span("late child", context=trace_api.set_span_in_context(root))
     root.end()
-    late.end()  # ends after its root: nothing will ever complete this trace
+    late.end()  # ends after its root
     with record(tmp_path / "ok.sftrace"):
         lookup("x")
-    assert processor.stats.evicted_traces == 1
     assert processor.stats.dropped_traces == 0
     assert Trace.load(tmp_path / "ok.sftrace").complete is True
+    assert processor.bundles.open_traces == 0
 
 
 # --- threads, errors -----------------------------------------------------------------------------
@@ -384,28 +386,27 @@ def test_error_events_keep_their_order_among_calls(recording: Recording, tmp_pat
     assert [e.type for e in trace.events] == ["tool_call", "error", "tool_call", "tool_result"] * 3
 
 
-def test_boundary_calls_outside_any_span_with_nowhere_to_go_are_not_buffered(
+def test_boundary_calls_outside_any_span_with_nowhere_to_go_are_not_queued(
     tmp_path: Path,
 ) -> None:
     """No directory, no run: a lone boundary call (a test replaying an agent outside any span)
-    cannot end up in a bundle, so the processor keeps nothing of it -- not even for a moment --
+    cannot end up in a bundle, so the processor queues nothing of it -- not even for a moment --
     while a run made inside such a call still gets its bundle, nested calls and all."""
     provider = TracerProvider()
     processor = configure(tracer_provider=provider)
     try:
         assert processor.directory is None
-        seen: list[int] = []
-        real = processor._buffer
+        queued: list[Any] = []
+        real = processor.bundles.put
 
-        def spy(*args: Any) -> Any:
-            seen.append(len(processor._traces))
-            return real(*args)
+        def spy(item: Any) -> None:
+            queued.append(item)
+            real(item)
 
-        processor._buffer = spy  # type: ignore[method-assign]
+        processor.bundles.put = spy  # type: ignore[method-assign]
         assert lookup("x") == ["x-0", "x-1"]
-        assert seen == []  # never buffered
-        assert nested("y") == "Y"  # a call inside it is (a run could start there), then dropped
-        assert processor._traces == {}
+        assert nested("y") == "Y"
+        assert queued == []  # never queued
         assert HANDOFF.pending == 0
 
         @trace_tool
@@ -421,8 +422,8 @@ def test_boundary_calls_outside_any_span_with_nowhere_to_go_are_not_buffered(
             ("llm_response", "call-2"),
             ("tool_result", "call-1"),
         ]
-        assert processor._traces == {}
-        assert seen  # the run and the calls inside it were buffered
+        assert len(queued) == 6  # the run and the two calls inside it, each started and ended
+        assert processor.bundles.open_traces == 0
     finally:
         processor.shutdown()
         provider.shutdown()
@@ -490,11 +491,11 @@ def _request(tracer: Any) -> str:
     return format(root.get_span_context().trace_id, "032x")
 
 
-def test_calls_outside_runs_are_written_as_they_go_and_end_as_the_buffered_bundle(
-    recording: Recording, monkeypatch: pytest.MonkeyPatch
+def test_calls_outside_runs_are_written_as_they_go_and_equal_the_imported_bundle(
+    recording: Recording,
 ) -> None:
     """The trace's own bundle (calls outside any run) is written as the calls end, like a run's,
-    and closes into the bundle the processor used to build at once when the root ended."""
+    and loads equal to the bundle the importer builds from the same spans (the one builder)."""
     tracer = recording.provider.get_tracer("app")
     seen: list[Trace] = []
 
@@ -514,19 +515,19 @@ def test_calls_outside_runs_are_written_as_they_go_and_end_as_the_buffered_bundl
     assert [e.type for e in during.events] == ["tool_call", "tool_result"]
     assert Trace.load(recording.directory / f"{live_id}.sftrace").complete
 
-    live = Trace.load(recording.directory / f"{_request(tracer)}.sftrace")
-    monkeypatch.setattr(SftraceSpanProcessor, "_open_outside", lambda *args: None)
-    buffered = Trace.load(recording.directory / f"{_request(tracer)}.sftrace")
+    recording.exporter.clear()
+    trace_id = _request(tracer)
+    live = Trace.load(recording.directory / f"{trace_id}.sftrace")
+    records = [span_record(s) for s in recording.exporter.get_finished_spans()]
+    imported = spans_to_trace(records, redactor=DEFAULT_REDACTOR)
     assert live.complete is True
     assert validate_structure(live) == []
     assert verify_integrity(live) == []
-    assert outline(live) == outline(buffered)
-    assert [(c.name, c.status) for c in live.context] == [("request", "unset"), ("plan", "unset")]
-    assert [(c.name, c.status) for c in live.context] == [
-        (c.name, c.status) for c in buffered.context
-    ]
-    assert live.run == buffered.run
+    assert [c.name for c in live.context] == ["request", "plan"]
     assert live.run.span_id is None  # calls outside runs: no run
+    for event in imported.events:  # (the span carries the payloads: none is over the size cap)
+        assert event in live.events
+    assert live.model_dump() == imported.model_dump()
 
 
 def test_a_run_inside_a_request_keeps_its_calls_out_of_the_requests_bundle(
@@ -631,30 +632,21 @@ def test_a_span_refused_at_the_cap_is_counted_once_room_was_freed(recording: Rec
     assert trace.dropped_spans == 1
 
 
-def test_a_call_starting_as_its_root_ends_leaves_nothing_open(
-    recording: Recording, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Another thread starts a call in the request's context just after the request's bundle
-    was closed (between its trailer and the root leaving the buffer): no bundle is left open."""
+def test_a_call_starting_as_its_root_ends_leaves_nothing_open(recording: Recording) -> None:
+    """A call starts in the request's context just after the request ended (its bundle closed):
+    it makes a bundle of its own, closed when it ends, and nothing is left open."""
     tracer = recording.provider.get_tracer("app")
     tool = {"stepfork.kind": "tool"}
-    late: list[Any] = []
-    live_end = SftraceSpanProcessor._live_end
-
-    def ending(self: SftraceSpanProcessor, span: Any, span_id: int, payloads: Any) -> bool:
-        done = live_end(self, span, span_id, payloads)
-        if span.name == "request" and not late:
-            context = trace_api.set_span_in_context(root)
-            late.append(tracer.start_span("late", attributes=tool, context=context))
-        return done
-
-    monkeypatch.setattr(SftraceSpanProcessor, "_live_end", ending)
     root = tracer.start_span("request")
     with trace_api.use_span(root):
         tracer.start_span("c1", attributes=tool).end()
     root.end()
-    late[0].end()
-    assert not recording.processor._lives
+    late = tracer.start_span("late", attributes=tool, context=trace_api.set_span_in_context(root))
+    late.end()
+    assert recording.provider.force_flush()
+    assert recording.processor.bundles.open_traces == 0
+    for path in recording.directory.iterdir():
+        assert Trace.load(path).complete
 
 
 def test_each_later_local_root_of_a_trace_gets_a_file_of_its_own(recording: Recording) -> None:

@@ -58,11 +58,10 @@ from stepfork_otel.recording.determinism import mark_body, take_pending
 from stepfork_otel.recording.handoff import HANDOFF
 from stepfork_otel.recording.integrations.genai import describe_request
 from stepfork_otel.recording.spans import (
-    call_start_time,
+    call_starting,
     check_attributes_kept,
     end_span,
     first_call_of_trace,
-    next_call_number,
     note_provider,
     record_failure,
     span_payload_attributes,
@@ -117,6 +116,10 @@ class _Prepared:
     """An integration's own exception for a recorded failure ``(error type, message)``, built
     by trusted code from a fixed list (never from a class named in the bundle); None, or
     returning None: the session's :class:`RecordedDependencyError`."""
+    restream: Callable[[Any], Any] | None = None
+    """A recorded single value as the stream a streaming run reads (an integration's response
+    imported from another instrumentation's span, which holds the final message, never the
+    chunks); None, or returning None: a streaming run of a call recorded as one value diverges."""
     described: dict[str, Any] | None = None
     """A substituted call's described attributes (see :func:`_described`), known before its
     span starts and passed with the others then, after the input's."""
@@ -252,11 +255,7 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
     token = None
     try:
         parent = trace_api.get_current_span().get_span_context()
-        if parent.is_valid:
-            seq, start = next_call_number(parent.trace_id)
-        else:
-            seq, start = 1, call_start_time()
-        prepared.attributes[k.CALL_SEQ] = seq
+        prepared.attributes[k.CALL_SEQ] = 0  # (its place among the attributes; numbered below)
         captured = take_pending()  # the run's clock/random reads since its previous call
         if captured is not None:
             prepared.attributes[k.CAPTURED] = captured
@@ -267,14 +266,16 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
         if prepared.described:
             _add_last(prepared.attributes, prepared.described)
         tracer = CONFIG.tracer()
-        span = tracer.start_span(
-            prepared.span_name,
-            kind=prepared.span_kind,
-            attributes=prepared.attributes,
-            start_time=start,
-            record_exception=False,
-            set_status_on_exception=False,
-        )
+        with call_starting(parent.trace_id if parent.is_valid else None) as (seq, start):
+            prepared.attributes[k.CALL_SEQ] = seq
+            span = tracer.start_span(
+                prepared.span_name,
+                kind=prepared.span_kind,
+                attributes=prepared.attributes,
+                start_time=start,
+                record_exception=False,
+                set_status_on_exception=False,
+            )
         check_attributes_kept(span, tracer)
         if body:
             if not parent.is_valid:
@@ -602,7 +603,15 @@ def _replayed_stream(
 ) -> tuple[dict[str, Any], ReplayedStream[Any]]:
     """A substituted streamed call: the recorded chunks, served again."""
     if not is_stream_value(value):
-        raise decision.diverged("the recorded call returned a single value, this run streams")
+        rebuilt = None if prepared.restream is None else prepared.restream(value)
+        if rebuilt is None:
+            raise decision.diverged("the recorded call returned a single value, this run streams")
+        if rebuilt.get(k.STREAM_CHUNKS):
+            decision.note(
+                "stream rebuilt from the recorded final message (the trace holds no chunks): one "
+                "text delta, one delta per tool call"
+            )
+        value = rebuilt
     head = stream_head(value)
     chunks: list[Any] = value[k.STREAM_CHUNKS]
     broken = value.get(k.STREAM_ERROR)
@@ -924,6 +933,7 @@ def prepare_integration_call(
     view: Callable[[Any], Any] | None = None,
     describe: Callable[[str, str], dict[str, Any]] | None = None,
     rebuild_error: Callable[[str, str], BaseException | None] | None = None,
+    restream: Callable[[Any], Any] | None = None,
     attributes: dict[str, Any] | None = None,
     input_hint: str | None = None,
 ) -> _Prepared | None:
@@ -932,6 +942,7 @@ def prepare_integration_call(
     prepared = _prepare_llm_call(provider, model, operation, request, ReplayPolicy.REPLAYABLE, None)
     if prepared is not None:
         prepared.view, prepared.describe, prepared.rebuild_error = view, describe, rebuild_error
+        prepared.restream = restream
         prepared.call.input_hint = input_hint
         if span_name is not None:
             prepared.span_name = span_name

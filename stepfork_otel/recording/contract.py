@@ -86,6 +86,10 @@ class ReplayDecision:
         """stepfork failed after the decision: the call raised ``error`` instead of delivering
         its recorded result or running its body."""
 
+    def note(self, text: str) -> None:
+        """Say in the replay report how the boundary served the recorded value (a stream rebuilt
+        from a recorded final message)."""
+
     def diverged(self, reason: str) -> BaseException:
         """The error to raise when the run departs from this call's recording *after* the
         decision (a substituted stream read past its recorded end); the session records it."""

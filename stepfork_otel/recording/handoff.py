@@ -67,6 +67,13 @@ class PayloadHandoff:
             kept = self._kept.get(span_id)
             return dict(kept) if kept else _EMPTY
 
+    def peek(self, span_id: int) -> Mapping[str, Payload]:
+        """:meth:`read` without the lock, for the exit handler's writer: the signal handler that
+        waits for it may have interrupted a thread holding the lock. A dict lookup and a dict
+        copy are each one C call under the GIL, so the copy is whole."""
+        kept = self._kept.get(span_id)
+        return dict(kept) if kept else _EMPTY
+
     # -- boundaries ------------------------------------------------------------------------------
 
     def kept_id(self, span: Span) -> int | None:

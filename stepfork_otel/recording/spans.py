@@ -6,11 +6,13 @@ Only the OpenTelemetry API is used here.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
 
@@ -28,12 +30,15 @@ from stepfork_otel.trace.payload import (
 
 # --- call numbering ------------------------------------------------------------------------------
 # Each boundary span carries the number of the call within its trace, taken together with its
-# start time under one lock, so "the order in which calls started" is the same whether it is read
-# from timestamps or numbers, across threads and tasks, and survives batches arriving out of order.
-# Start times come from a clock that never repeats or goes back within the process (the wall clock,
-# nudged forward by a nanosecond when it did not advance), so two calls never tie.
+# start time under one lock that is held while the span starts (and the processors' ``on_start``
+# runs), so "the order in which calls started" is the same whether it is read from timestamps, from
+# numbers, or from the order the bundle processor saw the spans start -- across threads and tasks,
+# and through batches arriving out of order. Start times come from a clock that never repeats or
+# goes back within the process (the wall clock, nudged forward by a nanosecond when it did not
+# advance), so two calls never tie.
 
-_seq_lock = threading.Lock()
+_seq_lock = threading.RLock()
+"""Reentrant: a span processor's ``on_start`` may itself make a boundary call."""
 _seq_by_trace: OrderedDict[int, itertools.count[int]] = OrderedDict()
 _MAX_TRACKED_TRACES = 4096
 _last_start = 0
@@ -54,9 +59,15 @@ def call_start_time() -> int:
         return _tick()
 
 
-def next_call_number(trace_id: int) -> tuple[int, int]:
-    """(sequence number, start time in ns) for a new call in the existing trace ``trace_id``."""
+@contextlib.contextmanager
+def call_starting(trace_id: int | None) -> Iterator[tuple[int, int]]:
+    """(sequence number, start time in ns) for a new call in the trace ``trace_id`` (None: a
+    call that opens a new trace: number 1), the numbering held until the block -- which starts
+    the call's span -- ends."""
     with _seq_lock:
+        if trace_id is None:
+            yield 1, _tick()
+            return
         counter = _seq_by_trace.get(trace_id)
         if counter is None:
             counter = _seq_by_trace[trace_id] = itertools.count(1)
@@ -64,7 +75,7 @@ def next_call_number(trace_id: int) -> tuple[int, int]:
                 _seq_by_trace.popitem(last=False)
         else:
             _seq_by_trace.move_to_end(trace_id)
-        return next(counter), _tick()
+        yield next(counter), _tick()
 
 
 def first_call_of_trace(trace_id: int) -> None:

@@ -1,33 +1,22 @@
-"""The one span -> event conversion.
+"""The one span -> event conversion: what a span says, as bundle events.
 
 Both the live :class:`~stepfork_otel.otel.processor.SftraceSpanProcessor` and the OTLP importer
-(spans a collector captured) describe each span as a :class:`SpanRecord` and call
-:func:`spans_to_trace`. Nothing else builds events, so a bundle written locally and a bundle rebuilt
-from a collector's file are the same for the same run (same events, same fingerprints).
+(spans a collector captured) describe each span as a :class:`SpanRecord`; the one bundle builder
+(:mod:`stepfork_otel.trace.builder`) decides which spans make a bundle and numbers its calls, and
+turns each call's span into its events with :func:`span_events` -- nothing else builds events, so
+a bundle written locally and one rebuilt from a collector's file are the same for the same run
+(same events, same fingerprints).
 
-Which spans make the bundle is the grouping rule (:mod:`stepfork_otel.trace.grouping`): the
-subtree of one root. The processor names the root (the run span that ended, or a trace's local
-root); without one, a trace holding a single top-level run span is cut to that run's subtree, so
-the importer, handed every span of the trace, rebuilds exactly what the processor wrote. A trace
-with several top-level runs must name the one wanted (``ValueError`` otherwise) -- mixing two
-runs' calls in one bundle would make both unreplayable.
+Here: the per-span step (:func:`span_events`: a call event and its outcome), the run's part of a
+bundle (:func:`run_info`), spans kept as context (:func:`context_span`), captured reads
+(:func:`captured_reads`) and the order of a bundle's events (:func:`timeline`,
+:func:`order_events`): calls by number, and two structural rules that override timestamps,
+because clocks of different machines (or a coarse clock) can disagree with the nesting -- a call
+always comes after the call it is nested in, and a call's outcome comes after the call, after
+everything nested in it, and before any call that started once it had ended.
 
 It is pure data in, data out: no OpenTelemetry import, no process state. What it redacts (the
 names of the application's spans kept as context) it redacts with the rules it is given.
-
-Order: calls are numbered in the order they started -- start time, then the per-process call
-number written on the span, then span id -- which is stable across batches, threads and processes
-(the boundaries take start times from a clock that never repeats or goes back within a process).
-Two structural rules override timestamps, because clocks of different machines (or a coarse clock)
-can disagree with the nesting: a call always comes after the call it is nested in, and a call's
-outcome comes after the call, after everything nested in it, and before any call that started once
-it had ended.
-
-A run written as it goes is numbered by the processor as its calls' spans start, in the
-order it sees them start -- start order, as above, except for two threads that take their start
-times in one order and start their spans in the other (then the importer, which sorts by start
-time, numbers those two the other way round). Its calls are written as they end, with
-:func:`span_events`, and put in this module's order on load by :func:`order_events`.
 
 Payloads are read with the span payload codec (:func:`~stepfork_otel.trace.payload.read_payload`):
 a payload cut by an ``OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT`` is recorded as missing (``truncated``),
@@ -55,7 +44,6 @@ from stepfork_otel.trace.models import (
     RunInfo,
     ToolCall,
     ToolResult,
-    Trace,
     error_output,
 )
 from stepfork_otel.trace.payload import Payload, read_error_message, read_payload
@@ -155,6 +143,17 @@ def _usage(attrs: Mapping[str, Any]) -> dict[str, int] | None:
     return usage or None
 
 
+def _imported(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The fidelity of a call the importer built from another instrumentation's span
+    (``trace/foreign.py``): nothing for stepfork's own spans."""
+    fidelity = attrs.get(k.IMPORT_FIDELITY)
+    if fidelity not in k.FIDELITIES:
+        return {}
+    unchecked = attrs.get(k.IMPORT_UNCHECKED)
+    notes = [str(n) for n in unchecked] if isinstance(unchecked, (list, tuple)) else []
+    return {"fidelity": fidelity, "unchecked": notes or None}
+
+
 def _call_order(span: SpanRecord) -> tuple[int, int, str]:
     return (span.start_time_unix_nano, _int(span.attributes, k.CALL_SEQ), span.span_id)
 
@@ -223,8 +222,10 @@ def _call_event(
         replay_action=_action(attrs),
     )
     inp = read_payload(span.attributes, span.payloads, is_input=True)
+    imported = _imported(attrs)
     call_fields = dict(
         base,
+        **imported,
         id=call_id,
         parent_id=parent_id,
         status="skipped"
@@ -278,6 +279,9 @@ def _run_info(run: SpanRecord | None, replay_mode: str | None) -> RunInfo:
         end_time_unix_nano=run.end_time_unix_nano or 0,
         replay_mode=_str(attrs, k.REPLAY_MODE) or replay_mode,
         capture=[name for name in _str(attrs, k.CAPTURE).split(",") if name] or None,
+        untraced_tools=[str(n) for n in untraced]
+        if isinstance(untraced := attrs.get(k.IMPORT_UNTRACED_TOOLS), (list, tuple)) and untraced
+        else None,
     )
 
 
@@ -331,36 +335,6 @@ def unreadable_reads_reason(count: int) -> str:
 
 
 # --- order ---------------------------------------------------------------------------------------
-
-
-def _order_calls(calls: list[SpanRecord], enclosing: dict[str, str | None]) -> list[SpanRecord]:
-    """Calls in start order, except that a call never comes before the call it is nested in.
-    ``enclosing`` is updated in place when hostile parent links form a cycle (the link is cut)."""
-    placed: set[str] = set()
-    waiting: dict[str, list[SpanRecord]] = {}
-    ordered: list[SpanRecord] = []
-
-    def place(span: SpanRecord) -> None:
-        stack = [span]
-        while stack:
-            current = stack.pop()
-            if current.span_id in placed:
-                continue
-            ordered.append(current)
-            placed.add(current.span_id)
-            stack.extend(reversed(waiting.pop(current.span_id, [])))
-
-    for span in sorted(calls, key=_call_order):
-        parent = enclosing[span.span_id]
-        if parent is not None and parent not in placed:
-            waiting.setdefault(parent, []).append(span)
-        else:
-            place(span)
-    for held in sorted((s for group in waiting.values() for s in group), key=_call_order):
-        if held.span_id not in placed:  # its ancestors form a cycle: treat it as top level
-            enclosing[held.span_id] = None
-            place(held)
-    return ordered
 
 
 def timeline(
@@ -475,118 +449,3 @@ def run_info(run: SpanRecord | None, replay_mode: str | None) -> RunInfo:
 
 def replay_mode_of(span: SpanRecord) -> str | None:
     return _str(span.attributes, k.REPLAY_MODE) or None
-
-
-# --- the conversion ------------------------------------------------------------------------------
-
-
-def spans_to_trace(
-    spans: Iterable[SpanRecord],
-    *,
-    redactor: Redactor,
-    complete: bool = True,
-    incomplete_reason: str | None = None,
-    dropped_spans: int = 0,
-    root_span_id: str | None = None,
-) -> Trace:
-    """Build the trace of one run from its spans (any order; all of one trace id).
-
-    ``redactor``: the rules applied to what the conversion itself takes from the spans -- the
-    names of the application's spans kept as context (boundary payloads were redacted when they
-    were recorded). The processor passes the configured rules, the importer the rules it was
-    given, so the same rules give the same bundle.
-
-    ``root_span_id``: the span whose subtree is the bundle (a run span, or a local root). Without
-    it, a trace with one top-level run span is cut to that run; with several, ``ValueError``.
-    """
-    by_id = {s.span_id: s for s in spans}
-    if not by_id:
-        raise ValueError("no spans")
-    trace_ids = {s.trace_id for s in by_id.values()}
-    if len(trace_ids) != 1:
-        raise ValueError(f"spans of {len(trace_ids)} traces given; convert one trace at a time")
-    run: SpanRecord | None = None
-    if root_span_id is None:
-        runs = top_level_runs(by_id.values())
-        if len(runs) > 1:
-            ids = ", ".join(r.span_id for r in runs)
-            raise ValueError(
-                f"the trace holds {len(runs)} runs (span ids {ids}); pass root_span_id to pick one"
-            )
-        if runs:
-            root_span_id = runs[0].span_id
-    if root_span_id is not None:
-        if root_span_id not in by_id:
-            raise ValueError(f"root span {root_span_id} is not among the spans given")
-        keep = grouping.subtree({s.span_id: s.parent_span_id for s in by_id.values()}, root_span_id)
-        by_id = {span_id: s for span_id, s in by_id.items() if span_id in keep}
-        root = by_id[root_span_id]
-        if root.stepfork_kind == k.KIND_RUN:
-            run = root
-        else:
-            runs = top_level_runs(by_id.values())
-            run = runs[0] if runs else None
-
-    boundary_spans = [s for s in by_id.values() if s.stepfork_kind in k.BOUNDARY_KINDS]
-    boundary_ids = {s.span_id for s in boundary_spans}
-
-    def enclosing_call(span: SpanRecord) -> str | None:
-        seen = 0
-        parent = span.parent_span_id
-        while parent is not None and seen < len(by_id):
-            if parent in boundary_ids:
-                return parent
-            parent_span = by_id.get(parent)
-            parent = parent_span.parent_span_id if parent_span else None
-            seen += 1
-        return None
-
-    enclosing = {s.span_id: enclosing_call(s) for s in boundary_spans}
-    ordered = _order_calls(boundary_spans, enclosing)
-    call_ids = {s.span_id: f"call-{n}" for n, s in enumerate(ordered, start=1)}
-    calls: dict[str, Event] = {}
-    outcomes: dict[str, Event] = {}
-    replay_mode: str | None = None
-    for n, span in enumerate(ordered, start=1):
-        call_id = call_ids[span.span_id]
-        parent = enclosing[span.span_id]
-        call, outcome = span_events(span, call_id, n, call_ids[parent] if parent else None)
-        calls[span.span_id] = call
-        if outcome is not None:
-            outcomes[span.span_id] = outcome
-        replay_mode = replay_mode or replay_mode_of(span)
-    events = timeline(
-        [s.span_id for s in ordered],
-        enclosing,
-        {s.span_id: s.start_time_unix_nano for s in ordered},
-        {s.span_id: s.end_time_unix_nano or 0 for s in ordered},
-        calls,
-        outcomes,
-    )
-    context = [
-        context_span(s, redactor)
-        for s in sorted(by_id.values(), key=_call_order)
-        if not is_stepfork_span(s)
-    ]
-    if complete and run is not None and run.end_time_unix_nano is None:
-        complete, incomplete_reason = False, "the run span never ended"
-    open_calls = sum(1 for s in boundary_spans if s.end_time_unix_nano is None)
-    if complete and open_calls:
-        complete = False
-        incomplete_reason = f"{open_calls} call(s) had not ended when the bundle was written"
-    seq_of = {s.span_id: n for n, s in enumerate(ordered, start=1)}
-    captured, unreadable = captured_reads(sorted(by_id.values(), key=_call_order), seq_of)
-    if complete and unreadable:
-        complete, incomplete_reason = False, unreadable_reads_reason(unreadable)
-    created_by = _str(run.attributes, k.SDK_VERSION) or None if run is not None else None
-    return Trace(
-        trace_id=trace_ids.pop(),
-        complete=complete,
-        incomplete_reason=incomplete_reason,
-        created_by=created_by,
-        run=_run_info(run, replay_mode),
-        events=events,
-        context=context,
-        dropped_spans=dropped_spans,
-        captured=captured,
-    )

@@ -1,28 +1,22 @@
-"""Which spans make which bundle: the one grouping rule.
+"""Which spans make which bundle: the graph side of the one grouping rule.
 
-The bundle processor (live spans, bundle by bundle as their roots end) and the OTLP importer
-(every span of a trace at once) both decide with these functions, over the same two facts about
-each span: its parent and its ``stepfork.kind``. Span ids are whatever the caller uses (ints in
-the processor, hex strings in the importer).
-
-The rule:
+The rule itself -- a bundle has a root and takes a span whose parent it holds; a bundle of calls
+outside runs takes no run span -- is applied as spans start by the bundle builder
+(:mod:`stepfork_otel.trace.builder`), for the processor and the importer alike. These helpers
+answer the questions about a set of spans that need the whole graph, over two facts about each
+span: its parent and its ``stepfork.kind``. Span ids are whatever the caller uses.
 
 * a **run** (a span of kind ``run``, opened by ``record(...)``) not nested in another run makes
-  a bundle of its subtree. A nested run's spans belong to the outer run's bundle
-  (:func:`enclosing_run` tells the two apart); the processor, which promised ``record(path)`` a
-  file, also writes the nested run's own subtree there when it ends;
-* the **boundary calls outside every run** (lone calls, or calls of an application span that no
-  run encloses) make one bundle with the spans around them as context, if there are any
-  (:func:`calls_outside_runs`); a span with no boundary call under it makes no bundle.
-
-:func:`groups` applies the whole rule to a complete set of spans.
+  a bundle of its subtree (:func:`top_level_runs`; a nested run's spans also belong to the outer
+  run's bundle, :func:`enclosing_run` tells the two apart);
+* the **boundary calls outside every run** make one bundle with the spans around them as context,
+  if there are any (:func:`calls_outside_runs`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 from stepfork_otel import constants as k
 
@@ -69,11 +63,6 @@ def top_level_runs(parent_of: Mapping[T, T | None], kind_of: Mapping[T, object])
     ]
 
 
-def holds_calls(kind_of: Mapping[T, object], ids: Iterable[T]) -> bool:
-    """True when one of ``ids`` is a boundary call (a tool or LLM span)."""
-    return any(kind_of.get(i) in k.BOUNDARY_KINDS for i in ids)
-
-
 def calls_outside_runs(
     parent_of: Mapping[T, T | None], kind_of: Mapping[T, object], runs: Iterable[T]
 ) -> set[T]:
@@ -83,25 +72,4 @@ def calls_outside_runs(
     for run in runs:
         inside |= subtree(parent_of, run)
     rest = {i for i in kind_of if i not in inside}
-    return rest if holds_calls(kind_of, rest) else set()
-
-
-@dataclass(frozen=True)
-class Group(Generic[T]):
-    """The spans of one bundle."""
-
-    run: T | None
-    """The run span the bundle is of (None: the calls outside every run)."""
-    members: frozenset[T]
-
-
-def groups(parent_of: Mapping[T, T | None], kind_of: Mapping[T, object]) -> list[Group[T]]:
-    """The bundles a complete set of spans makes: one per top-level run (its subtree), then one
-    for the boundary calls outside every run, if there are any. ``kind_of`` names every span
-    (``None`` for the application's own spans)."""
-    runs = top_level_runs(parent_of, kind_of)
-    found = [Group(run, frozenset(subtree(parent_of, run))) for run in runs]
-    outside = calls_outside_runs(parent_of, kind_of, runs)
-    if outside:
-        found.append(Group(None, frozenset(outside)))
-    return found
+    return rest if any(kind_of.get(i) in k.BOUNDARY_KINDS for i in rest) else set()

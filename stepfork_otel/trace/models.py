@@ -58,11 +58,25 @@ class _Event(_Model):
     """Set on events of a replay run: what replay did with the call."""
 
 
+Fidelity = Literal["exact", "messages-only", "truncated"]
+"""How much of a call imported from another instrumentation's spans the bundle holds (see
+``docs/collectors.md``): ``exact`` -- the request and response as sent and received;
+``messages-only`` -- the request as a form (messages, and the tools and parameters the span held)
+matched on what it holds, the response rebuilt from the output messages; ``truncated`` -- the
+same with the earliest messages lost."""
+
+
 class _CallEvent(_Event):
     input: str | None = None
     """Redacted canonical JSON of the input, exactly the text that ``input_sha256`` hashes."""
     input_size: int | None = None
     input_missing: MissingReason | None = None
+    fidelity: Fidelity | None = None
+    """Set on calls imported from another instrumentation's spans (None: recorded by stepfork).
+    ``messages-only`` and ``truncated`` calls hold a request form as input
+    (``trace/foreign_request.py``), and replay compares the live request in its terms."""
+    unchecked: list[str] | None = None
+    """What of the request the imported span did not hold, so replay does not compare it."""
 
 
 class _OutcomeEvent(_Event):
@@ -204,6 +218,9 @@ class RunInfo(_Model):
     """Set when this run is itself a replay (its spans carried ``stepfork.replay.mode``)."""
     capture: list[str] | None = None
     """The capture sources the run was recorded with (``record(capture=...)``), or ``["audit"]``."""
+    untraced_tools: list[str] | None = None
+    """An imported run (``stepfork import``): the tools the model called that no span of the
+    trace shows running. Replay refuses them in frozen mode; live mode runs those allowed."""
 
 
 class Trace(_Model):

@@ -63,6 +63,7 @@ from stepfork_otel.recording.contract import current_session
 from stepfork_otel.recording.integrations import exchange
 from stepfork_otel.recording.integrations.exchange import Http
 from stepfork_otel.recording.streams import StreamStart
+from stepfork_otel.trace.foreign_responses import restreamed
 from stepfork_otel.trace.payload import exception_message, qualified_name
 
 logger = logging.getLogger("stepfork_otel")
@@ -255,6 +256,7 @@ def _prepare(call: _SdkCall, http: Http, request: Any) -> Any:
             rebuild_error=lambda error_type, message: http.transport_error(
                 error_type, message, request
             ),
+            restream=lambda record: restreamed(provider.name, recorded, record),
         )
     return None
 
