@@ -22,7 +22,7 @@ from stepfork_otel import ReplaySession, Trace, record, trace_tool
 from stepfork_otel import constants as k
 from stepfork_otel.otel.processor import span_record
 from stepfork_otel.replay.errors import ReplayMismatchError
-from stepfork_otel.trace.conversion import spans_to_trace
+from stepfork_otel.trace.builder import spans_to_trace
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
 
 REPLAY_DOC = ROOT / "docs" / "replay.md"
@@ -196,10 +196,10 @@ def test_langchain_callbacks_run_managers_and_config_are_left_out(
     assert Trace.load(tmp_path / "lc.sftrace").complete
 
 
-#: Until the bundle processor and the conversion read ``stepfork.unreplayable`` (files this
-#: change may not touch; the exact change is in the sdkitems report to the lead).
+#: Until the bundle builder (``trace/builder.py``) reads ``stepfork.unreplayable``: a file this
+#: change may not touch; the exact change is in the sdkitems report to the lead.
 NEEDS_PROCESSOR = pytest.mark.xfail(
-    strict=True, reason="the processor and the conversion do not read stepfork.unreplayable yet"
+    strict=True, reason="the bundle builder does not read stepfork.unreplayable yet"
 )
 
 
