@@ -367,6 +367,8 @@ def captured_lines(trace: Trace, style: Style, verbose: bool) -> list[str]:
         when = (
             "after the last call" if read.before_call is None else f"before call-{read.before_call}"
         )
+        if read.thread is not None:
+            when += f", in thread {read.thread}"
         lines.append(
             f"  read {read.index:<3} {read.source:<16} {_read_value(read, verbose)}"
             f"  at {read.site}, {when}"

@@ -111,6 +111,10 @@ class Site(NamedTuple):
     offset: int = 0
     """Lines from the start of the function (what replay compares: an edit elsewhere in the file
     moves ``line``, not this)."""
+    thread: str | None = None
+    """Which of the run's threads and tasks read: None for the one the run started in, ``"2"``
+    for the second its own code started, ``"2.1"`` for the first that one started (the numbering
+    is ``recording/determinism.py``'s; replay serves each its own values)."""
 
     def __str__(self) -> str:
         return f"{self.module}:{self.function}:{self.line}"

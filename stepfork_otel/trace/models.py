@@ -148,11 +148,11 @@ OutcomeEvent = ToolResult | LlmResponse | ErrorEvent
 class CapturedRead(_Model):
     """One nondeterministic read the run's own code made -- the clock, the global ``random``
     functions, a uuid, random bytes, an environment variable -- with where it was asked for.
-    Replay serves ``value`` reads back in ``index`` order and checks each live read's source and
-    call site against the recorded one (``recording/determinism.py``)."""
+    Replay serves ``value`` reads back to each ``thread`` in ``index`` order and checks each live
+    read's source and call site against the recorded one (``recording/determinism.py``)."""
 
     index: int
-    """1-based order of the read among the run's captured reads."""
+    """1-based order of the read among the run's captured reads (all its threads')."""
     kind: CapturedKind = "value"
     """``value``: served in replay; ``env``: an environment variable, checked (never served);
     ``audit``: a tally of reads at one site (``capture="audit"``), neither served nor checked."""
@@ -168,6 +168,11 @@ class CapturedRead(_Model):
     elsewhere in the file (an import added at the top) does not move the site."""
     before_call: int | None = None
     """The ``seq`` of the boundary call the run started next (None: after its last call)."""
+    thread: str | None = None
+    """Which of the run's threads and tasks made the read: None for the one the run started in;
+    ``"2"`` for the second thread or task the run's own code started, ``"2.1"`` for the first
+    that one started (numbered in the order each was started, which replays; not in the order
+    they read, which need not). Replay serves each thread its own values."""
     value: Any = None
     """The value the read returned, as JSON (see ``docs/replay.md`` for each source's form)."""
     name: str | None = None
