@@ -196,14 +196,6 @@ def test_langchain_callbacks_run_managers_and_config_are_left_out(
     assert Trace.load(tmp_path / "lc.sftrace").complete
 
 
-#: Until the bundle builder (``trace/builder.py``) reads ``stepfork.unreplayable``: a file this
-#: change may not touch; the exact change is in the sdkitems report to the lead.
-NEEDS_PROCESSOR = pytest.mark.xfail(
-    strict=True, reason="the bundle builder does not read stepfork.unreplayable yet"
-)
-
-
-@NEEDS_PROCESSOR
 def test_a_run_holding_a_call_that_cannot_be_replayed_does_not_claim_to_be_complete(
     recording: Recording, tmp_path: Path
 ) -> None:
