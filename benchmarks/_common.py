@@ -303,15 +303,33 @@ def ratio_rows(
     return out
 
 
-def per_call(fn: Callable[[], None], calls: int) -> Callable[[], float]:
-    """Wrap ``fn`` (which makes ``calls`` calls) into a measurement in seconds per call."""
+def per_call(
+    fn: Callable[[], None], calls: int, clock: Callable[[], float] = time.perf_counter
+) -> Callable[[], float]:
+    """Wrap ``fn`` (which makes ``calls`` calls) into a measurement in seconds per call;
+    ``clock``: wall time by default, ``time.thread_time`` for the CPU time of this thread."""
 
     def measure() -> float:
-        start = time.perf_counter()
+        start = clock()
         fn()
-        return (time.perf_counter() - start) / calls
+        return (clock() - start) / calls
 
     return measure
+
+
+def over(
+    fn: Callable[[Any], object],
+    items: Sequence[Any],
+    clock: Callable[[], float] = time.perf_counter,
+) -> Callable[[], float]:
+    """A measurement of ``fn`` applied to each item, in seconds per item (a step of a
+    per-component budget, timed alone on the payloads the whole call works on)."""
+
+    def work() -> None:
+        for item in items:
+            fn(item)
+
+    return per_call(work, len(items), clock)
 
 
 def fmt_us(seconds: float) -> str:
