@@ -81,6 +81,18 @@ class ReadServer:
         self.uncaptured: list[str] = []
         self.readers: dict[tuple[str, str], set[int]] = {}
         """(source, site) -> the threads its recorded values were served to."""
+        self.live = False
+        """Past a fork point: every read is live (nothing is served)."""
+
+    def fork(self, at_call: int) -> None:
+        """A fork reached its fork point (call ``at_call`` runs live): from here every read is
+        live. The recorded reads made from the fork point on are no longer the run's to make;
+        those made before it still are (one the run skipped is left over, as in any replay)."""
+        kept = self.values[self.cursor :]
+        self.values[self.cursor :] = [
+            r for r in kept if r.before_call is not None and r.before_call < at_call
+        ]
+        self.live = True
 
     def environment_notes(self) -> list[str]:
         """How this process's environment differs from the recorded one (names, never values)."""
@@ -103,6 +115,8 @@ class ReadServer:
     def serve(self, group: str, source: str, site: Site, position: int) -> tuple[bool, Any]:
         """``(True, value)`` to serve, ``(False, None)`` to read live; raises on a divergence
         (strict)."""
+        if self.live:
+            return False, None
         if group not in self.groups:
             if len(self.uncaptured) < _HINT_READS:
                 self.uncaptured.append(f"{source} at {site} (before call {position})")
