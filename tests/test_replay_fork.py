@@ -153,6 +153,7 @@ def test_a_fork_runs_the_prefix_frozen_and_the_rest_live(recorded: Path, tmp_pat
     assert forked.run.name == "trip"
     assert forked.run.input == original.run.input
     assert forked.run.output == json.dumps(answer)
+    assert forked.run.replay_mode == "live"  # its own calls ran live (its prefix is the original's)
     assert forked.complete
     assert not verify_integrity(forked)
     assert not validate_structure(forked)

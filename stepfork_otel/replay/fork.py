@@ -220,8 +220,9 @@ def fork_trace(original: Trace, origin: ForkOrigin, run: Trace, made_before: int
     and, renumbered to follow them, the calls ``run`` made from there. ``run`` is the fork's own
     run as it was recorded; its first ``made_before`` calls are the calls before the fork point as
     replay substituted them (those recorded inside them were skipped, so ``run`` numbers the
-    rest differently). The header is the run's, with ``forked_from``; the captured reads are the
-    original's served before the fork point, then the run's from it on.
+    rest differently). The header is the run's, with ``forked_from`` (and ``replay_mode``
+    ``live``: the fork's own calls ran live, whatever the first span of its run said); the
+    captured reads are the original's served before the fork point, then the run's from it on.
 
     Raises ``ValueError`` when ``run`` is not such a run (its first calls not substituted)."""
     at = origin.at_call
@@ -259,7 +260,7 @@ def fork_trace(original: Trace, origin: ForkOrigin, run: Trace, made_before: int
         incomplete_reason=run.incomplete_reason,
         created_by=run.created_by,
         forked_from=origin,
-        run=run.run,
+        run=run.run.model_copy(update={"replay_mode": ReplayMode.LIVE.value}),  # (its own part)
         events=[*prefix, *after],
         context=run.context,
         dropped_spans=run.dropped_spans,
