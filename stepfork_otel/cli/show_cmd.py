@@ -108,6 +108,8 @@ def run_lines(trace: Trace, style: Style, verbose: bool) -> list[str]:
     if trace.created_by:
         head.append(trace.created_by)
     lines.append("  " + " · ".join(head))
+    if trace.forked_from is not None:
+        lines.append("  " + forked_from_line(trace, verbose))
     if run.entrypoint:
         lines.append(f"  entrypoint {run.entrypoint} (recorded hint; never executed)")
     if has_run_span(trace):  # (calls outside a run have no run input or output)
@@ -131,6 +133,22 @@ def run_lines(trace: Trace, style: Style, verbose: bool) -> list[str]:
             f"  your own spans around the calls: {report_preview(names, verbose, limit=80)}"
         )
     return lines
+
+
+def forked_from_line(trace: Trace, verbose: bool) -> str:
+    """Where a fork comes from: the original's trace, bundle and lines fingerprint, the fork
+    point, and which calls are the original's."""
+    origin = trace.forked_from
+    assert origin is not None
+    at = origin.at_call
+    where = f" ({origin.bundle})" if origin.bundle else ""
+    shared = (
+        "call 1 is" if at == 2 else "none of its calls is" if at == 1 else f"calls 1-{at - 1} are"
+    )
+    return (
+        f"forked from trace {abbreviate(origin.trace_id, verbose)}{where} at call {at}: "
+        f"{shared} that run's (its lines sha256 {abbreviate(origin.lines_sha256, verbose)})"
+    )
 
 
 def _call_head(call: CallEvent, outcome: OutcomeEvent | None, style: Style) -> str:

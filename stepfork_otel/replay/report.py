@@ -95,7 +95,22 @@ def _matched(result: ReplayResult) -> int:
     return counts[k.ACTION_SUBSTITUTED] + counts[k.ACTION_EXECUTED]
 
 
+def _forked(result: ReplayResult) -> str:
+    before = result.forked_after or 0
+    skipped = f", {len(result.skipped)} skipped inside them" if result.skipped else ""
+    return (
+        f"{before} call(s) before it replayed as recorded{skipped}, "
+        f"{len(result.calls) - before} live from there"
+    )
+
+
 def _headline(result: ReplayResult, recorded_calls: int) -> str:
+    if result.fork_at is not None:  # only the calls before the fork point are replayed
+        recorded_calls = result.fork_at - 1
+        first = result.first_divergence
+        after = result.forked_after
+        if first is not None and first.position and after is not None and first.position > after:
+            return f"REFUSED at call {first.position} (forked at call {result.fork_at}: {_forked(result)})"
     matched = _matched(result)
     skipped = f", {len(result.skipped)} skipped inside substituted calls" if result.skipped else ""
     first = result.first_divergence
@@ -114,11 +129,7 @@ def _headline(result: ReplayResult, recorded_calls: int) -> str:
             "never made)"
         )
     if result.fork_at is not None and result.forked_after is not None:
-        live = len(result.calls) - result.forked_after
-        return (
-            f"FORKED at call {result.fork_at} ({result.forked_after} call(s) before it replayed "
-            f"as recorded{skipped}, {live} live from there)"
-        )
+        return f"FORKED at call {result.fork_at} ({_forked(result)})"
     return (
         f"MATCHED ({matched} of {recorded_calls} recorded calls matched{skipped}, none left over)"
     )
