@@ -5,9 +5,14 @@ the project, as a user tries a fix from the step that went wrong."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
-from cli_support import ENTRYPOINT, Bundles, agent_copy, bundles, stepfork
+from cli_support import ENTRYPOINT, ROOT, Bundles, agent_copy, bundles, stepfork
+from test_docs_snippets import parse_blocks
 
 from stepfork_otel import Trace
 
@@ -170,3 +175,38 @@ def test_a_fork_whose_prefix_diverges_writes_no_bundle(bundles: Bundles, tmp_pat
     assert "result: the fork point (call 3) was not reached (exit 1)" in result.stdout
     assert not fork.exists()
     assert not fork.with_name("never.sftrace.partial").exists()
+
+
+# --- docs/cli.md shows real output -----------------------------------------------------------------
+
+CLI_PAGE = ROOT / "docs" / "cli.md"
+FORK_COMMANDS = (
+    "stepfork replay examples/out/failure.sftrace --entrypoint examples.booking_agent:run_agent "
+    "--fork-at 3 --record fork.sftrace --allow-live-tool book_flight",
+    "stepfork show fork.sftrace",
+    "stepfork diff examples/out/failure.sftrace fork.sftrace",
+)
+
+
+def _masked(text: str) -> str:
+    text = re.sub(r"\b[0-9a-f]{12}…", "<id>…", text)
+    return re.sub(r"\b\d+(\.\d+)? (ms|µs|s)\b", "<duration>", text)
+
+
+def test_the_fork_outputs_in_the_cli_page_are_real(tmp_path: Path) -> None:
+    pasted = {
+        block.source.splitlines()[0][2:]: block.source
+        for block in parse_blocks(CLI_PAGE)
+        if block.source.startswith("$ stepfork ")
+        and block.source.splitlines()[0][2:] in FORK_COMMANDS
+    }
+    assert set(pasted) == set(FORK_COMMANDS)
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "examples", project / "examples", ignore=shutil.ignore_patterns("out"))
+    subprocess.run(
+        [sys.executable, "examples/booking_agent.py"], cwd=project, check=True, capture_output=True
+    )
+    for command in FORK_COMMANDS:
+        result = stepfork(*command.split()[1:], cwd=project)
+        printed = f"$ {command}\n{result.stdout}[exit {result.returncode}]\n"
+        assert _masked(printed) == _masked(pasted[command]), printed

@@ -17,6 +17,7 @@ import pytest
 from conftest import Recording
 
 from stepfork_otel import (
+    BundleError,
     ReplayMismatchError,
     ReplayModeError,
     ReplayPolicyError,
@@ -402,3 +403,34 @@ def test_captured_reads_are_served_up_to_the_fork_point_and_recorded_after(
     with ReplaySession.from_trace(fork_path) as replay:
         assert dated_agent("gpt-4o-mini") == answer
     replay.verify_complete()
+
+
+def test_a_fork_bundle_whose_prefix_is_not_the_original_is_inconsistent(
+    recorded: Path, tmp_path: Path
+) -> None:
+    with ReplaySession.from_trace(recorded, fork_at=3, record_to=tmp_path / "f.sftrace"):
+        trip_agent("gpt-4o-mini")
+    forked = Trace.load(tmp_path / "f.sftrace")
+    origin = forked.forked_from
+    assert origin is not None
+    mine = forked.trace_id
+    relabelled = [
+        e.model_copy(update={"trace_id": mine}) if e.id == "call-2" else e for e in forked.events
+    ]
+    bad = forked.model_copy(update={"events": relabelled})
+    assert [str(p) for p in validate_structure(bad)] == [
+        f"call-2: before the fork point (call 3) but not of the original run (trace {mine}, "
+        f"forked from {origin.trace_id})"
+    ]
+    bad.save(tmp_path / "bad.sftrace")
+    with pytest.raises(BundleError, match="inconsistent bundle: call-2: before the fork point"):
+        Trace.load(tmp_path / "bad.sftrace")
+    missing = forked.model_copy(update={"events": [e for e in forked.events if e.seq != 2]})
+    assert [str(p) for p in validate_structure(missing)] == [
+        "forked at call 3, so the 2 calls before it are the original's; the bundle holds 1"
+    ]
+    moved = forked.model_copy(update={"forked_from": origin.model_copy(update={"at_call": 2})})
+    assert [str(p) for p in validate_structure(moved)] == [
+        f"call-2: from the fork point (call 2) on, calls are the fork's own (trace {mine}), not "
+        f"{origin.trace_id}"
+    ]
