@@ -115,7 +115,20 @@ def trip_anthropic(url: str, model: str, city: str, notify_user: bool) -> dict[s
     return {"answer": text, "line": line, "models": models, "stream": type(stream).__name__}
 
 
-AGENTS = {"openai": (trip_openai, "gpt-4o"), "anthropic": (trip_anthropic, "claude-sonnet-4-5")}
+def pydantic_ai(url: str, model: str, city: str, notify_user: bool) -> dict[str, Any]:
+    """A framework's tool loop (``tests/framework_agents.py``): model, tool, model."""
+    import framework_agents
+
+    framework_agents.TOOL_RAN.clear()
+    answer = framework_agents.pydantic_ai_openai(url)
+    return {"answer": answer, "tool_ran": list(framework_agents.TOOL_RAN)}
+
+
+AGENTS = {
+    "openai": (trip_openai, "gpt-4o"),
+    "anthropic": (trip_anthropic, "claude-sonnet-4-5"),
+    "pydantic_ai": (pydantic_ai, "gpt-4o"),
+}
 
 
 def main(argv: list[str]) -> int:
@@ -140,7 +153,7 @@ def main(argv: list[str]) -> int:
     if action == "record":
         with record(bundle, name=f"trip_{agent_name}") as recorder:
             result["result"] = run()
-            recorder.set_output(result["result"]["line"])
+            recorder.set_output(result["result"]["answer"])
         Path(out).write_text(json.dumps(result, indent=1))
         return 0
     fork: dict[str, Any] = {}
@@ -153,7 +166,7 @@ def main(argv: list[str]) -> int:
         with session:
             result["result"] = run()
             if fork.get("record_to"):
-                session.set_output(result["result"]["line"])
+                session.set_output(result["result"]["answer"])
         session.verify_complete()
     except ReplayError as exc:
         result["raised"] = [type(exc).__name__, exc.position, exc.reason, exc.details]

@@ -100,7 +100,7 @@ def test_a_fork_sends_only_the_calls_from_the_fork_point(recorded: Any) -> None:
         model,
         model,
     ]
-    assert trace.run.output == json.dumps(result["line"])
+    assert trace.run.output == json.dumps(result["answer"])
     assert "NOTAREALKEY" not in fork_path.read_text()
 
 
@@ -216,3 +216,24 @@ def test_the_network_guard_covers_the_prefix_and_lifts_only_for_the_live_part(
             assert [c.action for c in fork.calls] == ["substituted", "executed"]
     finally:
         uninstrument_openai()
+
+
+def test_a_framework_agent_forks_with_no_framework_code(tmp_path: Path) -> None:
+    """pydantic-ai on the OpenAI SDK (``tests/framework_agents.py``): its tool loop, forked at
+    its second model request, in fresh processes."""
+    pytest.importorskip("pydantic_ai")
+    path, fork_path = tmp_path / "pai.sftrace", tmp_path / "pai-fork.sftrace"
+    with FakeLLM() as llm:
+        recorded = run_fork_agent("pydantic_ai", "record", path, llm.openai_url, "record")
+        assert len(llm.requests) == 2
+        llm.requests.clear()
+        forked = run_fork_agent(
+            "pydantic_ai", f"fork:at=3,to={fork_path}", path, llm.openai_url, "fork"
+        )
+        assert len(llm.requests) == 1  # only the request from the fork point went out
+    assert "raised" not in forked, forked
+    assert forked["result"]["answer"] == recorded["result"]["answer"]
+    assert recorded["result"]["tool_ran"] == ["Paris"]
+    assert forked["result"]["tool_ran"] == []  # the tool, before the fork point, was served
+    assert [c[1] for c in forked["calls"]] == ["substituted", "substituted", "executed"]
+    assert Trace.load(fork_path).events[:4] == Trace.load(path).events[:4]
