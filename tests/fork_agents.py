@@ -19,20 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stepfork_otel import trace_tool
+from sdk_agents import WEATHER_TOOL
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+from stepfork_otel import trace_tool
 
 
 @trace_tool

@@ -24,24 +24,20 @@ FIX = (  # full flights never reach the model
 )
 
 
+def fork_at_3(
+    bundles: Bundles, fork: Path, *extra: str, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
+    """``stepfork replay`` of the failed run forked at call 3 into ``fork``."""
+    args = ("--entrypoint", ENTRYPOINT, "--fork-at", "3", "--record", fork, *extra)
+    return stepfork("replay", bundles.failure, *args, cwd=cwd)
+
+
 def test_a_fork_is_recorded_shown_and_diffed_from_its_fork_point(
     bundles: Bundles, tmp_path: Path
 ) -> None:
     project = agent_copy(tmp_path, *FIX)
     fork = tmp_path / "fixed.sftrace"
-    result = stepfork(
-        "replay",
-        bundles.failure,
-        "--entrypoint",
-        ENTRYPOINT,
-        "--fork-at",
-        "3",
-        "--record",
-        fork,
-        "--allow-live-tool",
-        "book_flight",
-        cwd=project,
-    )
+    result = fork_at_3(bundles, fork, "--allow-live-tool", "book_flight", cwd=project)
     out = result.stdout
     assert result.returncode == 1, out + result.stderr  # the live run reached charge_card
     assert "entrypoint examples.booking_agent:run_agent · mode live · forked at call 3" in out
@@ -87,19 +83,7 @@ def test_two_forks_of_one_run_are_compared_from_their_fork_point(
     for name, fix in (("plain", None), ("fixed", FIX)):
         project = agent_copy(tmp_path / name, *(fix or ("", "")))
         path = tmp_path / f"{name}.sftrace"
-        result = stepfork(
-            "replay",
-            bundles.failure,
-            "--entrypoint",
-            ENTRYPOINT,
-            "--fork-at",
-            "3",
-            "--record",
-            path,
-            "--allow-live-tool",
-            "book_flight",
-            cwd=project,
-        )
+        result = fork_at_3(bundles, path, "--allow-live-tool", "book_flight", cwd=project)
         assert path.exists(), result.stdout + result.stderr
         forks.append(path)
     diff = stepfork("diff", *forks)
@@ -113,19 +97,7 @@ def test_a_fork_that_reproduces_the_recorded_failure_exits_0(
     bundles: Bundles, tmp_path: Path
 ) -> None:
     fork = tmp_path / "again.sftrace"
-    result = stepfork(
-        "replay",
-        bundles.failure,
-        "--entrypoint",
-        ENTRYPOINT,
-        "--fork-at",
-        "3",
-        "--record",
-        fork,
-        "--allow-live-tool",
-        "book_flight",
-        "--json",
-    )
+    result = fork_at_3(bundles, fork, "--allow-live-tool", "book_flight", "--json")
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     assert report["fork_at"] == 3
@@ -157,17 +129,7 @@ def test_fork_options_are_checked_before_anything_runs(bundles: Bundles, tmp_pat
 def test_a_fork_whose_prefix_diverges_writes_no_bundle(bundles: Bundles, tmp_path: Path) -> None:
     project = agent_copy(tmp_path, "max_results: int = 5", "max_results: int = 3")
     fork = tmp_path / "never.sftrace"
-    result = stepfork(
-        "replay",
-        bundles.failure,
-        "--entrypoint",
-        ENTRYPOINT,
-        "--fork-at",
-        "3",
-        "--record",
-        fork,
-        cwd=project,
-    )
+    result = fork_at_3(bundles, fork, cwd=project)
     assert result.returncode == 1
     assert "DIVERGED at call 2 (1 of 2 recorded calls matched)" in result.stdout
     assert "the fork point was not reached" in result.stdout

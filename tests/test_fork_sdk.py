@@ -10,16 +10,14 @@ live part."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import threading
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, Recording
+from agent_runner import run_agent
+from conftest import Recording
+from test_replay_network import _from_a_plain_thread
 
 from examples.fake_llm import FakeLLM
 from stepfork_otel import (
@@ -39,19 +37,16 @@ ANSWER_MODEL = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5"}
 
 
 def run_fork_agent(agent: str, action: str, bundle: Path, url: str, name: str) -> dict[str, Any]:
-    """``tests/fork_agents.py`` in a fresh process; what it wrote to ``<name>.json``."""
-    out = bundle.with_name(f"{name}.json")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run(
-        [sys.executable, str(AGENTS), agent, action, str(bundle), str(out), url],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, Any] = json.loads(out.read_text())
-    return result
+    """``tests/fork_agents.py`` in a fresh process: what it wrote to ``<name>.json``."""
+    return run_agent(AGENTS, agent, action, bundle, url, name)
+
+
+def fork_served(agent: str, bundle: Path, options: str, name: str) -> tuple[dict[str, Any], int]:
+    """Fork ``bundle`` (``fork:<options>``) against a fresh fake server: what the agent wrote,
+    and how many requests reached the server."""
+    with FakeLLM() as llm:
+        result = run_fork_agent(agent, f"fork:{options}", bundle, url_of(llm, agent), name)
+        return result, len(llm.requests)
 
 
 def url_of(llm: FakeLLM, agent: str) -> str:
@@ -128,11 +123,8 @@ def test_the_fork_bundle_replays_frozen_on_its_own(recorded: Any) -> None:
 def test_a_changed_prefix_raises_before_the_fork_point(recorded: Any) -> None:
     agent, bundle, _ = recorded
     fork_path = bundle.with_name("lyon.sftrace")
-    with FakeLLM() as llm:
-        forked = run_fork_agent(
-            agent, f"fork:at=3,to={fork_path},city=Lyon", bundle, url_of(llm, agent), "lyon"
-        )
-        assert llm.requests == []
+    forked, sent = fork_served(agent, bundle, f"at=3,to={fork_path},city=Lyon", "lyon")
+    assert sent == 0
     name, position, reason, details = forked["raised"]
     assert (name, position) == ("ReplayMismatchError", 1)
     assert reason.startswith("input differs from the recording")
@@ -145,10 +137,10 @@ def test_a_changed_prefix_raises_before_the_fork_point(recorded: Any) -> None:
 def test_a_forbidden_tool_after_the_fork_point_is_refused(recorded: Any) -> None:
     agent, bundle, _ = recorded
     fork_path = bundle.with_name("notify.sftrace")
-    action = f"fork:at=3,to={fork_path},notify=1,allow=notify"
-    with FakeLLM() as llm:
-        forked = run_fork_agent(agent, action, bundle, url_of(llm, agent), "notify")
-        assert len(llm.requests) == 2
+    forked, sent = fork_served(
+        agent, bundle, f"at=3,to={fork_path},notify=1,allow=notify", "notify"
+    )
+    assert sent == 2
     name, position, reason, _ = forked["raised"]
     assert (name, position) == ("ReplayPolicyError", 5)
     assert reason.startswith("tool notify has replay policy 'forbidden': after the fork point")
@@ -158,23 +150,6 @@ def test_a_forbidden_tool_after_the_fork_point_is_refused(recorded: Any) -> None
 
 
 # --- the network guard ---------------------------------------------------------------------------
-
-
-def _from_a_plain_thread(url: str) -> BaseException | None:
-    """GET ``url`` from a thread started without the caller's context: what it raised."""
-    outcome: list[BaseException | None] = []
-
-    def get() -> None:
-        try:
-            urllib.request.urlopen(url, timeout=5).close()
-            outcome.append(None)
-        except BaseException as exc:
-            outcome.append(exc)
-
-    thread = threading.Thread(target=get)
-    thread.start()
-    thread.join(10)
-    return outcome[0]
 
 
 def test_the_network_guard_covers_the_prefix_and_lifts_only_for_the_live_part(
@@ -187,6 +162,9 @@ def test_the_network_guard_covers_the_prefix_and_lifts_only_for_the_live_part(
         with FakeLLM() as llm:
             client = openai.OpenAI(base_url=llm.openai_url, api_key="sk-test", max_retries=0)
             models = f"{llm.openai_url}/models"
+
+            def peek() -> None:  # traffic no boundary serves
+                urllib.request.urlopen(models, timeout=5).close()
 
             def ask(model: str, text: str) -> str:
                 reply = client.chat.completions.create(
@@ -202,16 +180,16 @@ def test_the_network_guard_covers_the_prefix_and_lifts_only_for_the_live_part(
             with ReplaySession.from_trace(path, fork_at=2) as fork:
                 # the frozen prefix: nothing goes out, from any thread of the process
                 with pytest.raises(NetworkRefusedError):
-                    urllib.request.urlopen(models, timeout=5)
-                assert isinstance(_from_a_plain_thread(models), NetworkRefusedError)
+                    peek()
+                assert isinstance(_from_a_plain_thread(peek), NetworkRefusedError)
                 assert ask("gpt-4o", "first") == "gpt-4o"  # substituted: the fork point next
                 # the live part: the call's own request goes out...
                 assert ask("gpt-4o-mini", "second") == "gpt-4o-mini"
                 # ...traffic no boundary serves is still refused in the session's context, as in
                 # live mode, and threads that do not carry the session are no longer guarded
                 with pytest.raises(NetworkRefusedError):
-                    urllib.request.urlopen(models, timeout=5)
-                assert _from_a_plain_thread(models) is None
+                    peek()
+                assert _from_a_plain_thread(peek) is None
             assert [r["path"] for r in llm.requests] == ["/v1/chat/completions", "/v1/models"]
             assert [c.action for c in fork.calls] == ["substituted", "executed"]
     finally:
