@@ -434,3 +434,35 @@ def test_a_fork_bundle_whose_prefix_is_not_the_original_is_inconsistent(
         f"call-2: from the fork point (call 2) on, calls are the fork's own (trace {mine}), not "
         f"{origin.trace_id}"
     ]
+
+
+def test_a_failure_to_write_the_fork_bundle_is_logged_and_keeps_the_partial_run(
+    recorded: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """stepfork's own failure at the end of a fork is an internal error: logged, never raised
+    into the agent's code; the fork's run stays at ``<record_to>.partial``."""
+    import stepfork_otel._internal as internal
+    from stepfork_otel.replay import fork as forking
+
+    def broken(*args: Any, **kwargs: Any) -> Trace:
+        raise RuntimeError("deliberate")
+
+    monkeypatch.setattr(internal, "RAISE_INTERNAL_ERRORS", False)
+    monkeypatch.setattr(forking, "fork_trace", broken)
+    fork_path = tmp_path / "fork.sftrace"
+    with (
+        caplog.at_level("ERROR", logger="stepfork_otel"),
+        ReplaySession.from_trace(recorded, fork_at=3, record_to=fork_path) as fork,
+    ):
+        answer = trip_agent("gpt-4o-mini")
+    assert answer.startswith("[gpt-4o-mini]")
+    assert fork.fork_bundle is None
+    assert not fork_path.exists()
+    partial = Trace.load(fork_path.with_name("fork.sftrace.partial"))
+    assert [c.replay_action for c in partial.calls] == ["substituted"] * 2 + ["executed"] * 2
+    assert any(
+        f"writing the fork's bundle {fork_path}" in r.getMessage() for r in caplog.records
+    ), caplog.text
