@@ -12,12 +12,16 @@ this module (the run's "own code"):
   another context while the interception is in place: what the run's own reads cost, and what
   code outside the run pays meanwhile.
 * **Replay.** The same reads served from a recording.
+* **Starting threads and tasks** while a run captures: each context the run's own code copies
+  (``contextvars.copy_context()``) and each asyncio task it creates is numbered, so that replay
+  can serve each thread its own values.
 * **Starting a capturing run**: installing the interception (the run's modules' names are
   replaced: one pass over ``sys.modules``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import datetime
 import email.utils
@@ -113,6 +117,19 @@ def _elsewhere(fn: Callable[[], object], n: int) -> Callable[[], float]:
     return measure
 
 
+async def _nothing() -> None:
+    return None
+
+
+def _tasks(count: int) -> Callable[[], None]:
+    """An event loop that runs ``count`` tasks made by ``gather`` (the loop's start included)."""
+
+    async def main() -> None:
+        await asyncio.gather(*(_nothing() for _ in range(count)))
+
+    return lambda: asyncio.run(main())
+
+
 def run(quick: bool = False) -> str:
     n = 2_000 if quick else 20_000
     rounds = 3 if quick else 9
@@ -181,6 +198,20 @@ def _run(directory: Path, n: int, rounds: int) -> str:
         rounds,
     )
 
+    tasks = n // 10
+    starts = interleave(
+        [
+            ("copy, nothing active", _reads(lambda: contextvars.copy_context(), n)),
+            ("copy, capturing", _in_run(directory, lambda: contextvars.copy_context(), n, "time")),
+            ("tasks, nothing active", _reads(_tasks(tasks), 1)),
+            ("tasks, capturing", _in_run(directory, _tasks(tasks), 1, "time")),
+        ],
+        rounds,
+    )
+
+    def per_task(name: str) -> str:
+        return fmt_us(starts[name].median / tasks)
+
     def install() -> float:
         begin = time.perf_counter()
         determinism.acquire()
@@ -232,6 +263,27 @@ def _run(directory: Path, n: int, rounds: int) -> str:
                     fmt_us(outside["another context"].median),
                     f"{paired_ratio(outside, 'another context', 'baseline'):.2f}x "
                     f"(vs {fmt_us(outside['baseline'].median)})",
+                ],
+            ],
+        ),
+        "",
+        "**Starting threads and tasks** -- in a capturing run each context the run's own code "
+        "copies, and each task it creates, is numbered (the thread each read names):",
+        "",
+        table(
+            ["what", "nothing active", "in a capturing run", "x"],
+            [
+                [
+                    "`contextvars.copy_context()` (a thread's context)",
+                    fmt_us(starts["copy, nothing active"].median),
+                    fmt_us(starts["copy, capturing"].median),
+                    f"{paired_ratio(starts, 'copy, capturing', 'copy, nothing active'):.2f}x",
+                ],
+                [
+                    f"an asyncio task ({tasks:,} by `gather`, the loop's start included)",
+                    per_task("tasks, nothing active"),
+                    per_task("tasks, capturing"),
+                    f"{paired_ratio(starts, 'tasks, capturing', 'tasks, nothing active'):.2f}x",
                 ],
             ],
         ),

@@ -1,6 +1,15 @@
 """Redaction: what the RE2 engine buys, linear time on adversarial input, false positives, and
 the cost of ``redact_all_spans``.
 
+* **The pre-check, per kilobyte, before and after the gates.** What recording runs on each
+  payload (scan form, then the search that decides whether anything can need redaction) as it is
+  now -- one RE2 set search of the rules' gates (``trace/redaction/prefilter.py``), then only the
+  rules whose gate fired -- against the previous path kept here as the obvious version (one
+  search of the alternation of every rule and key detector, then the set of every rule on a
+  hit), on the realistic payloads of ``bench_record`` (keys unsorted, 1 in 10 with a secret) and
+  on the same without secrets, at 200 B, 2 KB and 20 KB; each pre-check timed on its own, both
+  paths interleaved payload by payload, once in a tight loop and once with what a recorded call
+  does between two captures (a span with 17 attributes, an orjson encode) run before each.
 * **Engine.** The same rule set run by Python's ``re`` and by RE2 (``google-re2``), side by side
   in this process: the pre-check of a clean payload (one search of the alternation of every rule
   over the payload's scan form) at 200 B, 2 KB and 20 KB; and the former JWT pattern, which
@@ -21,12 +30,14 @@ the cost of ``redact_all_spans``.
 from __future__ import annotations
 
 import re
+import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 from opentelemetry.sdk.trace import TracerProvider
 from re2 import _re2
 
@@ -41,8 +52,13 @@ from benchmarks._common import (
 )
 from stepfork_otel.otel.redacting import RedactingSpanProcessor
 from stepfork_otel.trace.canonical import canonical_json
-from stepfork_otel.trace.redaction import DEFAULT_REDACTOR, scan_form
-from stepfork_otel.trace.redaction.engine import _alternation, _compile
+from stepfork_otel.trace.redaction import DEFAULT_REDACTOR, Redactor, scan_form
+from stepfork_otel.trace.redaction.engine import (
+    _alternation,
+    _compile,
+    _detectors,
+    _quote_anchored,
+)
 
 _TESTS = Path(__file__).resolve().parent.parent / "tests"
 _UNANCHORED = _re2.RE2.Anchor.UNANCHORED
@@ -68,6 +84,120 @@ def _per_item(fn: Callable[[bytes], object], items: list[bytes]) -> Callable[[],
         return (time.perf_counter() - start) / len(items)
 
     return measure
+
+
+class _EveryRule:
+    """The pre-check as it was before the gates, kept as the obvious version to measure against:
+    the scan form, one search of the alternation of every rule and key detector, and on a hit
+    the set of every rule (which rules matched)."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        sources = [_quote_anchored(p.source) for p in redactor.patterns]
+        self.alternation = _compile(
+            _alternation(sources + list(_detectors(redactor.sensitive_keys))), False
+        )
+        self.every_rule = redactor._set
+
+    def plan(self, canonical: str) -> list[int] | None:
+        scan = scan_form(canonical.encode("utf-8", "surrogatepass"))
+        if self.alternation.Match(_UNANCHORED, scan, 0, len(scan))[0][0] < 0:
+            return None
+        return sorted(self.every_rule.Match(scan))
+
+
+def _between_captures() -> Callable[[Any], None]:
+    """What a recorded call does between two captures, roughly: a span with stepfork's ~17
+    attributes and an encode of the payload (so the pre-check meets the CPU caches as it does in
+    a call, not as a tight loop leaves them)."""
+    tracer = TracerProvider().get_tracer("bench")
+    attributes = {f"attr{n}": "sixteen chars ok" for n in range(17)}
+
+    def work(value: Any) -> None:
+        with tracer.start_as_current_span("call", attributes=attributes):
+            orjson.dumps(value)
+
+    return work
+
+
+def _time_prechecks(
+    values: list[Any],
+    texts: list[str],
+    paths: dict[str, Callable[[str], object]],
+    rounds: int,
+) -> dict[tuple[str, bool], float]:
+    """Seconds of each path over all ``texts`` (the sum of each payload's median over rounds: a
+    preempted search is an outlier, not a cost), warm (run twice, the second timed) and between
+    spans (run right after what a call does between two captures)."""
+    between = _between_captures()
+    timings: dict[tuple[str, bool], list[list[float]]] = {
+        (path, warm): [[] for _ in texts] for path in paths for warm in (True, False)
+    }
+    for r in range(rounds):
+        for n, (value, text) in enumerate(zip(values, texts, strict=True)):
+            order = list(paths) if (n + r) % 2 else list(reversed(paths))
+            for path in order:
+                plan = paths[path]
+                between(value)
+                start = time.perf_counter()
+                plan(text)
+                middle = time.perf_counter()
+                plan(text)
+                end = time.perf_counter()
+                timings[path, False][n].append(middle - start)
+                timings[path, True][n].append(end - middle)
+    return {key: sum(statistics.median(c) for c in cells) for key, cells in timings.items()}
+
+
+def _precheck_section(quick: bool) -> list[str]:
+    redactor = DEFAULT_REDACTOR
+    before = _EveryRule(redactor)
+    paths: dict[str, Callable[[str], object]] = {"before": before.plan, "after": redactor._plan}
+    rounds = 3 if quick else 9
+    sizes = (200, 2_000) if quick else (200, 2_000, 20_000)
+    rows = []
+    for size in sizes:
+        for label, every in (("1 in 10", 10), ("none", 10**9)):
+            count = 20 if quick else (100 if size < 20_000 else 30)
+            values = payload_pool(size, count, seed=1, secret_every=every)
+            texts = [canonical_json(v) for v in values]
+            for text in texts:  # the same decision on every payload
+                assert (before.plan(text) is None) is (redactor._plan(text) is None)
+            kilobytes = sum(len(t.encode("utf-8")) for t in texts) / 1000
+            spent = _time_prechecks(values, texts, paths, rounds)
+            fired = sum(redactor._gate.Match(scan_form(t.encode("utf-8"))) != [] for t in texts)
+            row = [f"{size:,} B", label]
+            for warm in (True, False):
+                old, new = spent["before", warm] / kilobytes, spent["after", warm] / kilobytes
+                row += [fmt_us(old), fmt_us(new), f"{new / old:.2f}x"]
+            rows.append([*row, f"{fired} of {count}"])
+    return [
+        "### The pre-check per kilobyte: every rule at once (before) and the gates (after)",
+        "",
+        f"Time of the pre-check (`Redactor._plan`: scan form, then the search) per KB of canonical "
+        f"JSON; each payload's median over {rounds} rounds, both paths interleaved payload by "
+        "payload. *Tight loop*: the same pre-check run twice in a row, the second timed. *Between "
+        "spans*: the first, run right after a span with 17 attributes and an encode of the "
+        "payload, as in a recorded call. Before: one search of the alternation of every rule and "
+        "key detector, then the set of every rule on a hit. After: one set search of the gates, "
+        "then the rules whose gate fired (`trace/redaction/prefilter.py`); the decision is the "
+        "same for every payload (checked here, and in `tests/test_shortcuts.py`).",
+        "",
+        table(
+            [
+                "payload",
+                "secrets",
+                "tight loop: before",
+                "after",
+                "after / before",
+                "between spans: before",
+                "after",
+                "after / before",
+                "gates fired",
+            ],
+            rows,
+        ),
+        "",
+    ]
 
 
 def _engine_section(quick: bool) -> list[str]:
@@ -338,6 +468,7 @@ def run(quick: bool = False) -> str:
         f"{len(DEFAULT_REDACTOR.patterns)} built-in value patterns plus the key rules, all RE2.",
         "",
     ]
+    lines += _precheck_section(quick)
     lines += _engine_section(quick)
     lines += _linear_section(quick)
     lines += _record_path_section(quick)

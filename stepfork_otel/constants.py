@@ -87,6 +87,29 @@ FORK_AT_CALL: Final = "stepfork.fork.at_call"
 #: Version of stepfork_otel that wrote the span.
 SDK_VERSION: Final = "stepfork.sdk.version"
 
+# --- calls imported from another instrumentation's spans (trace/foreign*.py) ---------------------
+# Set only on the span records the importer builds, never on a span: the conversion reads them
+# into the call event's ``fidelity`` / ``unchecked``.
+
+#: How much of the call the imported span held: ``exact``, ``messages-only`` or ``truncated``.
+IMPORT_FIDELITY: Final = "stepfork.import.fidelity"
+#: What of the request the imported span did not hold, so replay cannot check it (a list).
+IMPORT_UNCHECKED: Final = "stepfork.import.unchecked"
+#: The request and response as sent and received (the bundle holds them as a recording would).
+FIDELITY_EXACT: Final = "exact"
+#: A projection of the request (messages, maybe tools and parameters) and a response rebuilt
+#: from the output messages: matched on what the span held.
+FIDELITY_MESSAGES_ONLY: Final = "messages-only"
+#: Like ``messages-only``, with the earliest messages lost (an attribute limit evicted them).
+FIDELITY_TRUNCATED: Final = "truncated"
+FIDELITIES: Final = (FIDELITY_EXACT, FIDELITY_MESSAGES_ONLY, FIDELITY_TRUNCATED)
+#: The fidelities whose recorded input is a request form (``trace/foreign_request.py``).
+SEMANTIC_FIDELITIES: Final = frozenset({FIDELITY_MESSAGES_ONLY, FIDELITY_TRUNCATED})
+#: On the run of an imported trace: the tools the model called that no span shows running.
+IMPORT_UNTRACED_TOOLS: Final = "stepfork.import.untraced_tools"
+#: logfire's span type attribute (``span``/``log``): how ``stepfork import`` knows logfire wrote it.
+LOGFIRE_SPAN_TYPE: Final = "logfire.span_type"
+
 # --- OpenTelemetry GenAI semantic conventions ---------------------------------------------------
 
 GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
@@ -118,6 +141,20 @@ GEN_AI_SYSTEM_INSTRUCTIONS: Final = "gen_ai.system_instructions"
 GEN_AI_TOOL_DEFINITIONS: Final = "gen_ai.tool.definitions"
 GEN_AI_TOOL_DESCRIPTION: Final = "gen_ai.tool.description"
 GEN_AI_TOOL_TYPE: Final = "gen_ai.tool.type"
+#: The provider in older releases of the conventions (read from other instrumentations' spans).
+GEN_AI_SYSTEM: Final = "gen_ai.system"
+#: An ``execute_tool`` span's arguments and result (JSON text), when content is captured
+#: (read from framework instrumentations' tool spans by ``stepfork import``).
+GEN_AI_TOOL_CALL_ARGUMENTS: Final = "gen_ai.tool.call.arguments"
+GEN_AI_TOOL_CALL_RESULT: Final = "gen_ai.tool.call.result"
+#: OpenLLMetry's (traceloop) own keys, read by ``stepfork import``: the operation (``chat``),
+#: the prefix of its flattened tool definitions and its older token counts.
+TL_REQUEST_TYPE: Final = "llm.request.type"
+TL_REQUEST_FUNCTIONS: Final = "llm.request.functions"
+TL_USAGE_PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
+TL_USAGE_COMPLETION_TOKENS: Final = "gen_ai.usage.completion_tokens"
+#: OpenLLMetry's flag of a streamed call (only it writes this key).
+TL_IS_STREAMING: Final = "gen_ai.is_streaming"
 #: Semconv ``error.type``: the class of the error a failed call ended with.
 ERROR_TYPE_SEMCONV: Final = "error.type"
 #: Environment variable (shared with the OTel GenAI instrumentations) that turns on message
@@ -159,6 +196,8 @@ MIME_JSON: Final = "application/json"
 #: A TOOL span's description (the docstring) and JSON schema of its parameters.
 OI_TOOL_DESCRIPTION: Final = "tool.description"
 OI_TOOL_PARAMETERS: Final = "tool.parameters"
+#: A TOOL span's tool name (framework instrumentations; read by ``stepfork import``).
+OI_TOOL_NAME: Final = "tool.name"
 #: What OpenInference's LLM spans say of the call (read by ``stepfork import``,
 #: ``trace/foreign.py``): the provider (``llm.system`` in older releases), the request's
 #: parameters but the messages (JSON), the response's model and the token counts.
@@ -168,6 +207,8 @@ OI_INVOCATION_PARAMETERS: Final = "llm.invocation_parameters"
 OI_MODEL_NAME: Final = "llm.model_name"
 OI_TOKEN_COUNT_PROMPT: Final = "llm.token_count.prompt"
 OI_TOKEN_COUNT_COMPLETION: Final = "llm.token_count.completion"
+#: The finish reason of an OpenInference LLM span's first choice.
+OI_FINISH_REASON: Final = "llm.finish_reason"
 
 #: The keys of one payload, in this order: the hand-off key, sha256, size, omitted, preview, and
 #: the OpenInference value (the text on the span) and mime type. Written by the boundaries, read by the span -> event

@@ -25,6 +25,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRYPOINT = "examples.booking_agent:run_agent"
+#: The hang guard of every process these tests start: a command takes a second or two, a pytest
+#: run of an exported test a few; a loaded machine (2 cores, load 13) takes ten times that. Only a
+#: hang should ever reach it -- no test here measures time.
+HANG_GUARD_SECONDS = 600
 
 TINY_AGENT = """
 from __future__ import annotations
@@ -118,7 +122,9 @@ class Bundles:
 
 
 def _run(args: list[str], cwd: Path) -> None:
-    result = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        args, cwd=cwd, capture_output=True, text=True, timeout=HANG_GUARD_SECONDS
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -141,7 +147,7 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> Bundles:
 
 
 def run_for_json(
-    command: list[str], *, env: dict[str, str] | None = None, timeout: float = 120
+    command: list[str], *, env: dict[str, str] | None = None, timeout: float = HANG_GUARD_SECONDS
 ) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
     """Run a script as a user would (a fresh process, from the project's root), insist that it
     succeeded, and read the JSON object its last line printed."""
@@ -165,7 +171,7 @@ def stepfork(
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
-        timeout=60,
+        timeout=HANG_GUARD_SECONDS,
         env={**os.environ, **(env or {})},
     )
 
@@ -213,8 +219,8 @@ def stepfork_on_terminal(
     if process.stdout is not None:
         with process.stdout:
             stdout = process.stdout.read().decode()
-    returncode = process.wait(timeout=60)
-    thread.join(timeout=10)
+    returncode = process.wait(timeout=HANG_GUARD_SECONDS)
+    thread.join(timeout=HANG_GUARD_SECONDS)
     os.close(master)
     return TerminalRun(returncode, stdout, b"".join(chunks).decode(errors="replace"))
 

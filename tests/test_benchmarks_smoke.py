@@ -1,7 +1,9 @@
 """The benchmarks still run: each one, in quick mode, produces its section with numbers.
 
 Nothing here looks at how fast anything is (timings on a shared machine prove nothing in a test);
-the full results live in ``benchmarks/RESULTS.md``.
+the full results live in ``benchmarks/RESULTS.md``. Nor is the quick run given a time limit beyond
+a hang guard: it takes about 40 s of CPU, which a shared 2-core machine under a load of 6-13
+stretches to several minutes (a 300 s limit failed the suite there, issue 27).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from conftest import ROOT
 
 from benchmarks import run as bench_run
 
+#: Only a hang should reach this (see the module docstring).
+HANG_GUARD_SECONDS = 3600
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?\s?(?:µs|ms|s|MB|x)\b")
 
 
@@ -27,7 +31,7 @@ def quick_results(tmp_path_factory: pytest.TempPathFactory) -> str:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_GUARD_SECONDS,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return output.read_text()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cli_support import ENTRYPOINT, ROOT, Bundles, bundles
+from cli_support import ENTRYPOINT, HANG_GUARD_SECONDS, ROOT, Bundles, bundles
 
 from stepfork_otel.cli import main
 from stepfork_otel.constants import FORMAT_VERSION
@@ -160,7 +160,7 @@ def outcomes(
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=HANG_GUARD_SECONDS,
         )
         return Outcome(result.returncode, result.stdout, result.stderr)
 
@@ -236,7 +236,7 @@ def test_verbose_shows_the_traceback(tmp_path: Path, bundles: Bundles) -> None:
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_GUARD_SECONDS,
     )
     assert result.returncode == 2
     assert "Traceback (most recent call last)" in result.stderr
@@ -252,7 +252,7 @@ def test_help_and_version() -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_GUARD_SECONDS,
     )
     assert result.returncode == 0
     for command in ("replay", "validate", "export", "show", "diff"):
@@ -262,7 +262,7 @@ def test_help_and_version() -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_GUARD_SECONDS,
     )
     assert version.returncode == 0
     assert version.stdout.startswith("stepfork_otel ")

@@ -9,7 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli_support import ENTRYPOINT, Bundles, agent_copy, bundles, stepfork
+from cli_support import ENTRYPOINT, HANG_GUARD_SECONDS, Bundles, agent_copy, bundles, stepfork
+
+from stepfork_otel import Trace
 
 __all__ = ["bundles"]
 
@@ -26,7 +28,7 @@ def _pytest(project: Path, test_file: Path) -> subprocess.CompletedProcess[str]:
         cwd=project,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_SECONDS,
     )
 
 
@@ -61,7 +63,7 @@ def test_exported_failure_passes_then_fails_when_the_agent_changes(
         [sys.executable, "-m", "ruff", "format", "--check", "--isolated", str(out)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_GUARD_SECONDS,
     )
     assert formatted.returncode == 0, formatted.stdout + formatted.stderr  # readable as written
 
@@ -229,3 +231,62 @@ def test_text_from_a_hostile_bundle_never_becomes_code(bundles: Bundles, tmp_pat
     docstring = ast.get_docstring(tree)
     assert docstring is not None
     assert "os.system" in docstring  # shown, as text
+
+
+# --- a test that could never pass is not written (issue 27) ---------------------------------------
+
+
+def _refused(bundle: Path, tmp_path: Path, *extra: str) -> str:
+    """Export ``bundle`` and insist nothing was written: the one error line."""
+    out = tmp_path / "test_refused.py"
+    result = stepfork("export", "pytest", bundle, "--entrypoint", ENTRYPOINT, "-o", out, *extra)
+    assert (result.returncode, result.stdout) == (2, ""), result.stdout + result.stderr
+    assert not out.exists()
+    assert result.stderr.count("\n") == 1
+    return result.stderr
+
+
+def test_export_refuses_a_tampered_bundle(bundles: Bundles, tmp_path: Path) -> None:
+    """Replay rejects a bundle whose fingerprints do not match its payloads: a test from it
+    fails at its first line (it was written, and failed, before)."""
+    tampered = tmp_path / "tampered.sftrace"
+    text = bundles.failure.read_text()
+    tampered.write_text(text.replace('"max_results":5', '"max_results":6'))
+    assert _refused(tampered, tmp_path) == (
+        f"stepfork: error: {tampered}: no test written, it could never pass: replay rejects this "
+        "bundle: integrity check failed: call-2: input fingerprint mismatch: stored "
+        "3a95c0f3af5f…, payload hashes to 359b90634591…; it was edited or corrupted after it was "
+        f"written; `stepfork validate {tampered}` lists every problem\n"
+    )
+
+
+def test_export_refuses_a_run_cut_short(bundles: Bundles, tmp_path: Path) -> None:
+    """A bundle a killed recording left holds the calls that returned; the agent goes on past
+    them, where replay has nothing left to serve."""
+    killed = tmp_path / "killed.sftrace"
+    killed.write_text("".join(bundles.failure.read_text().splitlines(keepends=True)[:10]))
+    assert _refused(killed, tmp_path) == (
+        f"stepfork: error: {killed}: no test written, it could never pass: the recorded run is "
+        "incomplete: the recording stopped before the run ended (the bundle has no trailer); "
+        "replay stops after its last recorded call, where the agent goes on -- record the run "
+        f"again; `stepfork validate {killed}` lists every problem\n"
+    )
+
+
+def test_export_refuses_a_bundle_with_a_result_replay_cannot_serve(
+    bundles: Bundles, tmp_path: Path
+) -> None:
+    trace = Trace.load(bundles.failure)
+    events = [
+        e.model_copy(update={"output": None, "output_missing": "size_cap"})
+        if e.id == "call-2.result"
+        else e
+        for e in trace.events
+    ]
+    capped = tmp_path / "capped.sftrace"
+    trace.model_copy(update={"events": events}).save(capped)
+    assert _refused(capped, tmp_path) == (
+        f"stepfork: error: {capped}: no test written, it could never pass: replay stops at "
+        f"call-2.result: output missing (size_cap); `stepfork validate {capped}` lists every "
+        "problem\n"
+    )

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from cli_support import (
     ENTRYPOINT,
+    HANG_GUARD_SECONDS,
     ROOT,
     Bundles,
     bundles,
@@ -114,7 +115,7 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=directory,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_GUARD_SECONDS,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return directory
@@ -456,7 +457,7 @@ def test_exported_tests_of_hostile_bundle_names_compile_and_are_collected(
         cwd=project,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_SECONDS,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"{len(HOSTILE_NAMES)} passed" in run.stdout
@@ -504,16 +505,16 @@ def test_cli_wording_of_each_replay_message(bundles: Bundles) -> None:
     assert cli_wording(
         "replay mode 'manual' needs an explicit approval for every call and no approval callback "
         "was given (ReplaySession(..., approve=...))"
-    ) == (
-        "replay mode 'manual' needs an explicit approval for every call, and stepfork replay asks "
-        "for one only when stdin and stderr are a terminal"
+    ) == (  # (the approvals are given with --approve since issue 27; asked on a terminal)
+        "replay mode 'manual' needs an explicit approval for every call: give them with "
+        "--approve CALL_ID or --approve-all, or run on a terminal to be asked"
     )
     assert cli_wording(
         "tool confirm needs an explicit approval (recorded policy 'manual') and no approval "
         "callback was given (ReplaySession(..., approve=...))"
     ) == (
         "tool confirm needs an explicit approval (recorded policy 'manual'), and stepfork replay "
-        "asks for approvals only with --mode manual on a terminal"
+        "approves calls only in manual mode (--approve CALL_ID)"
     )
     for message in _option_messages(bundles):
         assert not any(s in cli_wording(message) for s in PYTHON_SPELLINGS)
@@ -544,8 +545,8 @@ def test_replay_option_errors_name_the_flags(
             "live",
             "live mode executes a tool only when it is named with --allow-live-tool book_flight",
         ),
-        ("manual", "and stepfork replay asks for one only when stdin and stderr are a terminal"),
-        ("policy", "and stepfork replay asks for approvals only with --mode manual on a terminal"),
+        ("manual", "every call: give them with --approve CALL_ID or --approve-all, or run on a"),
+        ("policy", "and stepfork replay approves calls only in manual mode (--approve CALL_ID)"),
     ],
 )
 def test_replay_report_errors_name_the_flags(

@@ -4,10 +4,13 @@ report's three parts, ``--json``, modes, manual approval on a terminal, progress
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from cli_support import (
     ENTRYPOINT,
+    HANG_GUARD_SECONDS,
     Bundles,
     agent_copy,
     bundles,
@@ -76,7 +79,10 @@ def test_success_bundle_frozen_is_rejected_at_the_forbidden_charge(bundles: Bund
     assert "manual mode with an explicit approval" in matching
     assert '"card_token":"[REDACTED]"' in matching
     assert "hint: call-6 was recorded with replay policy 'forbidden': approve it with" in matching
-    assert "--approve call-6" in matching
+    assert (  # the command that approves it, then the test that does (issue 27)
+        f"--entrypoint {ENTRYPOINT} --approve call-6` (its recorded result is substituted), or "
+        "write the approval into a test with `stepfork export pytest ... --approve call-6`"
+    ) in matching
     assert "3. Output comparison: DIVERGED" in output
     assert "not compared: replay stopped the run (ReplayPolicyError at call 6)" in output
 
@@ -358,4 +364,110 @@ def test_calls_inside_a_substituted_tool_are_skipped(bundles: Bundles) -> None:
     )
     assert "skipped (inside substituted calls, their bodies did not run): call-2 tool lookup, " in (
         result.stdout
+    )
+
+
+# --- approvals given up front (issue 27) ---------------------------------------------------------
+
+
+def test_approve_replays_the_forbidden_charge_without_a_terminal(bundles: Bundles) -> None:
+    """``--approve call-6`` is manual mode with the approval written on the command line: what
+    ``export pytest --approve call-6`` writes into a test (the calls recorded ``replayable`` and
+    the one named), so CI can replay the run the hint names."""
+    result = stepfork("replay", bundles.success, "--entrypoint", ENTRYPOINT, "--approve", "call-6")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1] == f"   entrypoint {ENTRYPOINT} · mode manual"
+    assert lines[3] == (
+        "   note: approved: call-6 (--approve) and every call recorded with policy replayable: "
+        "recorded results substituted"
+    )
+    _, matching, output = _parts(result.stdout)
+    assert "MATCHED (7 of 7 recorded calls matched, none left over)" in matching
+    assert "6. substituted tool charge_card         <- call-6" in matching
+    assert "3. Output comparison: MATCHED" in output
+    assert result.stderr == ""  # nothing asked
+
+
+GATED_AGENT = """
+from stepfork_otel import trace_tool
+
+
+@trace_tool
+def look(city: str) -> str:
+    return "seen " + city
+
+
+@trace_tool(replay_policy="manual")
+def confirm(city: str) -> str:
+    return "confirmed " + city
+
+
+@trace_tool(replay_policy="manual")
+def notify(city: str) -> str:
+    return "notified " + city
+
+
+def run(city: str) -> str:
+    return look(city) + ", " + confirm(city) + ", " + notify(city)
+"""
+
+RECORD_GATED = """
+from stepfork_otel import record
+import gated_agent
+
+with record("gated.sftrace", input={"city": "Oslo"}) as run:
+    run.set_output(gated_agent.run("Oslo"))
+"""
+
+
+def test_approve_approves_only_the_gated_calls_it_names(tmp_path: Path) -> None:
+    """Two calls recorded ``manual``: naming one leaves the other refused (the ordinary call is
+    approved); naming both, or ``--approve-all``, replays the run."""
+    (tmp_path / "gated_agent.py").write_text(GATED_AGENT)
+    recorded = subprocess.run(
+        [sys.executable, "-c", RECORD_GATED], cwd=tmp_path, capture_output=True, text=True,
+        timeout=HANG_GUARD_SECONDS,
+    )  # fmt: skip
+    assert recorded.returncode == 0, recorded.stderr
+    replay = ("replay", "gated.sftrace", "--entrypoint", "gated_agent:run")
+    one = stepfork(*replay, "--approve", "call-2", cwd=tmp_path)
+    assert one.returncode == 1, one.stdout
+    _, matching, _ = _parts(one.stdout)
+    assert "1. substituted tool look" in matching
+    assert "2. substituted tool confirm" in matching
+    assert "3. rejected    tool notify" in matching
+    assert "tool notify needs an explicit approval (manual mode) and was not approved" in matching
+    both = stepfork(*replay, "--approve", "call-2", "--approve", "call-3", cwd=tmp_path)
+    assert both.returncode == 0, both.stdout
+    every = stepfork(*replay, "--approve-all", cwd=tmp_path)
+    assert every.returncode == 0, every.stdout
+    assert "note: every call approved (--approve-all): recorded results substituted" in (
+        every.stdout
+    )
+
+
+def test_approve_errors_are_exit_2(bundles: Bundles) -> None:
+    unknown = stepfork("replay", bundles.success, "--entrypoint", ENTRYPOINT, "--approve", "call-9")
+    assert (unknown.returncode, unknown.stdout) == (2, "")
+    assert unknown.stderr == (
+        f"stepfork: error: --approve call-9: no such recorded call in {bundles.success}\n"
+    )
+    frozen = stepfork(
+        "replay", bundles.success, "--entrypoint", ENTRYPOINT, "--mode", "frozen",
+        "--approve", "call-6",
+    )  # fmt: skip
+    assert frozen.returncode == 2
+    assert frozen.stderr == (
+        "stepfork: error: --approve only applies to --mode manual (this replay is --mode "
+        "frozen); leave out --mode: --approve replays in manual mode\n"
+    )
+
+
+def test_without_approvals_manual_mode_says_how_to_give_them(bundles: Bundles) -> None:
+    result = stepfork("replay", bundles.success, "--entrypoint", ENTRYPOINT, "--mode", "manual")
+    assert result.returncode == 1
+    assert (
+        "   note: manual mode: stdin is not a terminal, so no call could be approved (give the "
+        "approvals with --approve CALL_ID or --approve-all)" in result.stdout.splitlines()
     )

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
-from cli_support import Bundles, bundles, record_tiny, stepfork, stepfork_on_terminal, tiny_copy
+from cli_support import (
+    HANG_GUARD_SECONDS,
+    Bundles,
+    bundles,
+    record_tiny,
+    stepfork,
+    stepfork_on_terminal,
+    tiny_copy,
+)
 
 from stepfork_otel import Trace
 
@@ -211,7 +220,9 @@ def test_show_names_calls_made_outside_a_run_after_the_users_span(tmp_path: Path
     no run input or output, and not "a run that did not finish"."""
     script = tmp_path / "agent.py"
     script.write_text(_CALLS_UNDER_A_SPAN.format(directory=str(tmp_path / "out")), "utf-8")
-    ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    ran = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=HANG_GUARD_SECONDS
+    )
     assert ran.returncode == 0, ran.stderr
     (bundle,) = (tmp_path / "out").glob("*.sftrace")
     result = stepfork("show", bundle)
@@ -225,3 +236,127 @@ def test_show_names_calls_made_outside_a_run_after_the_users_span(tmp_path: Path
     ]
     assert not any(line.startswith(("  input ", "  output ")) for line in lines)
     assert "did not finish" not in result.stdout
+
+
+# --- --json (issue 27) ----------------------------------------------------------------------------
+
+
+def test_show_json_holds_what_the_tree_shows(bundles: Bundles) -> None:
+    result = stepfork("show", "--json", bundles.failure)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert list(data) == [
+        "trace",
+        "trace_id",
+        "format_version",
+        "complete",
+        "incomplete_reason",
+        "created_by",
+        "forked_from",
+        "run",
+        "calls",
+        "context_spans",
+        "dropped_spans",
+        "captured",
+    ]
+    trace = Trace.load(bundles.failure)
+    assert (data["trace"], data["trace_id"], data["complete"]) == (
+        str(bundles.failure),
+        trace.trace_id,
+        True,
+    )
+    run = data["run"]
+    assert run["heading"] == "run booking_agent"
+    assert (run["status"], run["error_type"]) == ("error", "SeatUnavailableError")
+    assert run["duration_ns"] == trace.run.end_time_unix_nano - trace.run.start_time_unix_nano
+    assert run["input"] == {
+        "preview": '{"question":"Book me the cheapest flight to Paris."}',
+        "sha256": "8770fbca491a…",
+        "missing": None,
+        "damaged": None,
+    }
+    assert run["output"] == {
+        "preview": None,
+        "sha256": None,
+        "missing": "not_recorded",
+        "damaged": None,
+    }
+    assert [(c["id"], c["label"], c["status"]) for c in data["calls"]] == [
+        ("call-1", "llm openai/gpt-4.1-mini", "ok"),
+        ("call-2", "tool search_flights", "ok"),
+        ("call-3", "llm openai/gpt-4.1-mini", "ok"),
+        ("call-4", "tool book_flight", "error"),
+    ]
+    search, book = data["calls"][1], data["calls"][3]
+    assert search["input"]["preview"] == '{"city":"Paris","max_results":5}'
+    assert search["input"]["sha256"] == "3a95c0f3af5f…"
+    assert (search["kind"], search["name"], search["provider"]) == ("tool", "search_flights", None)
+    assert book["error_type"] == "SeatUnavailableError"
+    assert book["error_message"] == (
+        "booking API (key [REDACTED:openai_api_key]) refused AF1381: no seats left"
+    )
+    assert book["output"] is None
+    assert data["calls"][0]["provider"] == "openai"
+    assert data["calls"][0]["input"]["preview"].startswith("2 messages, last: ")
+    full = json.loads(stepfork("show", "--json", "--verbose", bundles.failure).stdout)
+    assert full["calls"][1]["input"]["sha256"] == trace.calls[1].input_sha256  # the whole of it
+
+
+def test_show_json_nesting_is_the_trees(bundles: Bundles) -> None:
+    data = json.loads(stepfork("show", "--json", bundles.tiny("nested")).stdout)
+    assert [(c["id"], c["parent_id"]) for c in data["calls"]] == [
+        ("call-1", None),
+        ("call-2", "call-1"),
+        ("call-3", "call-1"),
+    ]
+
+
+def test_diff_json(bundles: Bundles, tmp_path: Path) -> None:
+    different = stepfork("diff", "--json", bundles.failure, bundles.success)
+    assert different.returncode == 1
+    data = json.loads(different.stdout)
+    assert data["a"] == {
+        "path": str(bundles.failure),
+        "name": "booking_agent",
+        "status": "error",
+        "error_type": "SeatUnavailableError",
+        "calls": 4,
+    }
+    assert (data["b"]["status"], data["b"]["calls"], data["same"]) == ("ok", 7, False)
+    assert data["difference"] == {
+        "where": "run",
+        "call": None,
+        "a_call_id": None,
+        "b_call_id": None,
+        "what": "run input differs",
+        "details": [
+            "A: run input  sha256 8770fbca491a…",
+            '   {"question":"Book me the cheapest flight to Paris."}',
+            "B: run input  sha256 57b0fbd43a54…",
+            '   {"question":"Book me the cheapest flight to London."}',
+            "first difference at character 44:",
+            '  A: …ook me the cheapest flight to Paris."}…',
+            '  B: …ook me the cheapest flight to London."}…',
+        ],
+    }
+    assert data["exit_code"] == 1
+
+    same = stepfork("diff", "--json", bundles.failure, bundles.module_failure)
+    assert same.returncode == 0
+    assert json.loads(same.stdout)["same"] is True
+    assert json.loads(same.stdout)["difference"] is None
+
+    trace = Trace.load(bundles.tiny("ok"))
+    shorter = tmp_path / "shorter.sftrace"
+    trace.model_copy(update={"events": trace.events[:2]}).save(shorter)
+    left_out = json.loads(stepfork("diff", "--json", bundles.tiny("ok"), shorter).stdout)
+    assert {key: left_out["difference"][key] for key in ("call", "a_call_id", "b_call_id")} == {
+        "call": 2,
+        "a_call_id": "call-2",
+        "b_call_id": None,
+    }
+    changed = json.loads(
+        stepfork("diff", "--json", bundles.tiny("ok"), bundles.tiny("nested")).stdout
+    )
+    assert changed["difference"]["where"] == "call 1 (A call-1, B call-1)"
+    assert (changed["difference"]["call"], changed["difference"]["a_call_id"]) == (1, "call-1")

@@ -650,7 +650,9 @@ def _python_blocks(page: str) -> list[str]:
 def test_the_replay_page_shows_what_capture_prints(tmp_path: Path) -> None:
     page = (ROOT / "docs" / "replay.md").read_text(encoding="utf-8")
     section = page.split("## Time, randomness and the environment", 1)[1].split("\n## ", 1)[0]
-    support, undated = _python_blocks(section)[:2]
+    blocks = _python_blocks(section)
+    support = blocks[0]
+    undated = next(block for block in blocks if "undated.sftrace" in block)
     (tmp_path / "support.py").write_text(support, encoding="utf-8")
     (tmp_path / "undated.py").write_text(undated, encoding="utf-8")
     env = dict(os.environ, PYTHONPATH=str(ROOT))

@@ -36,7 +36,7 @@ from test_docs_snippets import Block, parse_blocks
 DOC = ROOT / "docs" / "quickstart.md"
 README = ROOT / "README.md"
 SHELLS = {"console", "sh", "bash", "shell", ""}
-TIMEOUT_SECONDS = 120
+TIMEOUT_SECONDS = 600  # a hang guard: a command takes seconds, ten times that under load
 SETUP_COMMANDS = [
     'python3 -m venv .venv && .venv/bin/pip install -q -e ".[dev]" && '
     ".venv/bin/python examples/booking_agent.py",
@@ -56,14 +56,31 @@ def _lines(text: str) -> list[str]:
 
 
 def output_matches(expected: str, actual: str) -> bool:
-    """`actual` is `expected`, line for line, where a `...` line of `expected` stands for any
-    number of lines."""
+    """`actual` is `expected` (masked), as :func:`lines_match` compares them."""
+    return lines_match(_lines(_mask(expected)), _lines(_mask(actual)))
+
+
+def lines_match(shown: list[str], printed: list[str]) -> bool:
+    """`printed` is `shown`, line for line, where a `...` line of `shown` stands for any number
+    of lines."""
     pattern = "".join(
-        r"(?:[^\n]*\n)*?" if line == "..." else re.escape(line) + r"\n"
-        for line in _lines(_mask(expected))
+        r"(?:[^\n]*\n)*?" if line == "..." else re.escape(line) + r"\n" for line in shown
     )
-    text = "".join(line + "\n" for line in _lines(_mask(actual)))
-    return re.fullmatch(pattern, text) is not None
+    return re.fullmatch(pattern, "".join(line + "\n" for line in printed)) is not None
+
+
+def run_shell(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``script`` in ``bash``, its stdout and stderr together as a terminal shows them."""
+    return subprocess.run(
+        ["bash", "-c", script],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=TIMEOUT_SECONDS,
+        check=False,
+    )
 
 
 def session(block: Block) -> list[tuple[str, str]]:
@@ -154,16 +171,7 @@ def test_quickstart_followed_literally(tmp_path: Path) -> None:
                 activated = True
             if command.startswith("cp "):
                 copied = checkout / shlex.split(command)[-1]
-            result = subprocess.run(
-                ["bash", "-c", script],
-                cwd=checkout,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                timeout=TIMEOUT_SECONDS,
-                check=False,
-            )
+            result = run_shell(script, checkout, env)
             ran.append(command)
             if not output_matches(shown, result.stdout):
                 diff = "\n".join(

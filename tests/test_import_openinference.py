@@ -12,19 +12,15 @@ OpenInference SDK instrumentation writes tool spans), so it runs live in replay.
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cli_support import stepfork
 from conftest import installed
-from otlp_receiver import running_receiver
+from foreign_support import PROMPT, Traced, docs_block, normalised, replay, traced
 
+import stepfork_otel
 from examples.fake_llm import FakeLLM
 from stepfork_otel import Trace
 from stepfork_otel import constants as k
@@ -35,10 +31,6 @@ from stepfork_otel.trace.models import LlmRequest, LlmResponse, payload_value
 from stepfork_otel.trace.otlp import ImportReport, iter_traces_from_otlp_json
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
 
-ROOT = Path(__file__).resolve().parent.parent
-AGENT = Path(__file__).with_name("foreign_agents.py")
-PROMPT = "What is the weather in Paris?"
-
 pytest.importorskip("openai")
 
 
@@ -47,66 +39,16 @@ def _openinference() -> None:
     installed("openinference.instrumentation.openai")
 
 
-def run_agent(mode: str, where: Path | str, url: str, prompt: str, out: Path) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
-    for name in list(env):
-        if name.startswith("OTEL_"):
-            env.pop(name)
-    done = subprocess.run(
-        [sys.executable, str(AGENT), mode, str(where), str(out), url, prompt],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, Any] = json.loads(out.read_text())
-    return result
-
-
-@dataclass
-class Traced:
-    live: dict[str, Any]
-    """What the agent did: its answer, the tools it ran, the (now stopped) server's URL."""
-    bundle: Path
-    imported: str
-    """What ``stepfork import spans.jsonl -o bundles`` printed (run where the spans are)."""
-
-
-def traced(directory: Path, *, otlp: bool = False) -> Traced:
-    """The agent traced by OpenInference, then imported. The fake server is stopped when this
-    returns."""
-    directory.mkdir(parents=True, exist_ok=True)
-    spans = directory / "spans.jsonl"
-    with FakeLLM() as llm:
-        if otlp:
-            with running_receiver(spans) as receiver:
-                where = receiver.http_endpoint
-                live = run_agent("trace-otlp", where, llm.openai_url, PROMPT, directory / "l")
-        else:
-            live = run_agent("trace", spans, llm.openai_url, PROMPT, directory / "live.json")
-        served = len(llm.requests)
-        live["url"] = llm.openai_url
-    assert served == 2  # a tool call, then the answer
-    assert live["answer"] == "Done: sunny in Paris"
-    assert live["tool_ran"] == ["Paris"]
-    done = stepfork("import", "spans.jsonl", "-o", "bundles", cwd=directory)
-    assert done.returncode == 0, done.stdout + done.stderr
-    (bundle,) = (directory / "bundles").glob("*.sftrace")
-    return Traced(live, bundle, done.stdout)
-
-
 @pytest.fixture(scope="module")
 def by_file(tmp_path_factory: pytest.TempPathFactory) -> Traced:
-    return traced(tmp_path_factory.mktemp("openinference"))
+    return traced(tmp_path_factory.mktemp("openinference"), "openinference")
 
 
 @pytest.mark.parametrize("transport", ["file", "otlp"])
 def test_an_openinference_traced_agent_replays_frozen_from_its_imported_spans(
     by_file: Traced, tmp_path: Path, transport: str
 ) -> None:
-    run = by_file if transport == "file" else traced(tmp_path, otlp=True)
+    run = by_file if transport == "file" else traced(tmp_path, "openinference", otlp=True)
     print(run.imported)
     assert "complete -- weather-agent, 2 calls, ok" in run.imported
     assert "1 run imported" in run.imported
@@ -120,6 +62,7 @@ def test_an_openinference_traced_agent_replays_frozen_from_its_imported_spans(
     assert [(r.provider, r.model, r.operation) for r in requests] == [
         ("openai", "gpt-4o", "chat")
     ] * 2
+    assert [r.fidelity for r in requests] == ["exact"] * 2
     first = payload_value(requests[0].input)
     assert first["method"] == "POST"
     assert first["url"] == "chat/completions"
@@ -133,26 +76,27 @@ def test_an_openinference_traced_agent_replays_frozen_from_its_imported_spans(
     assert answer["body"]["choices"][0]["message"]["content"] == "Done: sunny in Paris"
     # the api key the agent sent is nowhere (OpenInference does not record headers)
     assert "NOTAREALKEY" not in run.bundle.read_text()
+    assert trace.run.untraced_tools == ["get_weather"]
 
     # a fresh process, the server stopped: nothing can answer but the bundle
-    replay = run_agent("replay", run.bundle, run.live["url"], PROMPT, tmp_path / "replay.json")
-    assert "error" not in replay, replay
-    assert replay["answer"] == run.live["answer"]
-    assert replay["calls"] == [["llm", "substituted"], ["llm", "substituted"]]
-    assert replay["tool_ran"] == ["Paris"]  # not traced, so it ran (plain Python)
+    replayed = replay("weather", run.bundle, run.live["url"], tmp_path / "replay.json")
+    assert "error" not in replayed, replayed
+    assert replayed["answer"] == run.live["answer"]
+    assert replayed["calls"] == [["llm", "substituted"], ["llm", "substituted"]]
+    assert replayed["tool_ran"] == ["Paris"]  # not traced, so it ran (plain Python)
 
 
 def test_replay_reaches_no_server(by_file: Traced, tmp_path: Path) -> None:
     """Pointed at a server that is up, the frozen replay sends it nothing (0 requests)."""
     with FakeLLM() as sentinel:
-        replay = run_agent("replay", by_file.bundle, sentinel.openai_url, PROMPT, tmp_path / "r")
+        replayed = replay("weather", by_file.bundle, sentinel.openai_url, tmp_path / "r")
         assert len(sentinel.requests) == 0
-    assert replay["answer"] == by_file.live["answer"]
+    assert replayed["answer"] == by_file.live["answer"]
 
 
 def diverged(by_file: Traced, tmp_path: Path) -> dict[str, Any]:
     url = by_file.live["url"]
-    return run_agent("replay", by_file.bundle, url, "What is the weather in Rome?", tmp_path / "d")
+    return replay("weather", by_file.bundle, url, tmp_path / "d", "What is the weather in Rome?")
 
 
 def test_a_different_prompt_diverges_at_the_first_call(by_file: Traced, tmp_path: Path) -> None:
@@ -167,23 +111,21 @@ def test_a_different_prompt_diverges_at_the_first_call(by_file: Traced, tmp_path
     assert "answer" not in changed
 
 
+def test_a_streaming_agent_replays_from_the_merged_completion(tmp_path: Path) -> None:
+    """OpenInference merges a stream into one completion-shaped object: the replay cuts it into
+    the SDK's stream again (text, tool-call deltas, usage) and the report says so."""
+    run = traced(tmp_path / "trace", "openinference", "stream")
+    replayed = replay("stream", run.bundle, run.live["url"], tmp_path / "replay.json")
+    assert "error" not in replayed, replayed
+    assert replayed["answer"] == run.live["answer"]
+    assert replayed["calls"] == [["llm", "substituted"], ["llm", "substituted"]]
+    assert all(
+        any(note.startswith("stream rebuilt from the recorded final message") for note in notes)
+        for notes in replayed["notes"]
+    )
+
+
 # --- the docs' pasted outputs are this test's -----------------------------------------------------
-
-DOCS = ROOT / "docs" / "collectors.md"
-_BLOCK = re.compile(r"<!-- output: (?P<name>[a-z-]+) -->\n```[a-z]*\n(?P<text>.*?)```", re.S)
-
-
-def normalised(text: str) -> str:
-    """Without what differs between runs: ids, durations."""
-    text = re.sub(r"\b[0-9a-f]{32}\b", "<trace id>", text)
-    text = re.sub(r"\b[0-9a-f]{16}\b", "<span id>", text)
-    text = re.sub(r"\b[0-9a-f]{12}…", "<trace id>…", text)
-    return re.sub(r"\d+\.\d ms", "<ms>", text)
-
-
-def docs_block(name: str) -> str:
-    blocks = {m["name"]: m["text"] for m in _BLOCK.finditer(DOCS.read_text(encoding="utf-8"))}
-    return blocks[name]
 
 
 def test_the_outputs_pasted_in_the_docs_are_what_the_commands_print(
@@ -271,7 +213,9 @@ def test_a_call_without_input_value_is_imported_with_its_input_missing_and_named
     assert "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT" in problem.message
 
 
-def test_streamed_and_failed_calls_have_no_result_and_are_named() -> None:
+def test_streamed_calls_keep_the_merged_completion_and_failed_calls_have_no_result() -> None:
+    """A streamed call's merged completion is its result (replay cuts it into a stream again);
+    a failed call keeps no response, and is named."""
     stream = dict(CHAT, stream=True)
     spans = [
         oi_span("1" * 16, None, "root", 0),
@@ -295,13 +239,12 @@ def test_streamed_and_failed_calls_have_no_result_and_are_named() -> None:
     ]
     adopted = foreign.adopt(spans, DEFAULT_REDACTOR)
     assert adopted is not None
-    assert [n.split(": ", 1)[1].split(";")[0] for n in adopted.notes] == [
-        "a streamed call",
-        "the call failed",
-    ]
-    for record in adopted.records[1:]:
-        assert k.STATUS not in record.attributes
-        assert k.OUTPUT not in record.payloads
+    assert [n.split(": ", 1)[1].split(";")[0] for n in adopted.notes] == ["the call failed"]
+    streamed, failed = adopted.records[1:]
+    assert streamed.attributes[k.STATUS] == k.STATUS_OK
+    assert payload_value(streamed.payloads[k.OUTPUT].text)["body"] == REPLY
+    assert k.STATUS not in failed.attributes
+    assert k.OUTPUT not in failed.payloads
 
 
 def test_spans_of_other_instrumentations_and_stepfork_spans_are_left_alone() -> None:
@@ -349,6 +292,18 @@ def otlp(span: SpanRecord) -> dict[str, Any]:
     }
 
 
+def conversation() -> list[dict[str, str]]:
+    """70 exchanges, then a question: 141 messages."""
+    messages: list[dict[str, str]] = []
+    for n in range(70):
+        messages += [
+            {"role": "user", "content": f"question {n}"},
+            {"role": "assistant", "content": f"answer {n}"},
+        ]
+    messages.append({"role": "user", "content": "and now?"})
+    return messages
+
+
 def long_conversation(
     url: str, spans: Path, attribute_limit: int | None = None, hide_messages: bool = False
 ) -> None:
@@ -369,27 +324,44 @@ def long_conversation(
     config = TraceConfig(hide_input_messages=hide_messages, hide_output_messages=hide_messages)
     instrumentation.instrument(tracer_provider=provider, config=config)
     try:
-        messages: list[dict[str, str]] = []
-        for n in range(70):
-            messages += [
-                {"role": "user", "content": f"question {n}"},
-                {"role": "assistant", "content": f"answer {n}"},
-            ]
-        messages.append({"role": "user", "content": "and now?"})
         with (
             openai.OpenAI(base_url=url, api_key="sk-test") as client,
             provider.get_tracer("chat-app").start_as_current_span("long-chat"),
         ):
             client.responses.create(model="gpt-4o", input="hello", instructions="be brief")
-            client.chat.completions.create(model="gpt-4o", messages=messages)
+            client.chat.completions.create(model="gpt-4o", messages=conversation())
     finally:
         instrumentation.uninstrument()
         provider.shutdown()
 
 
+def replay_long(bundle: Path, messages: list[dict[str, str]]) -> str:
+    """The long conversation replayed frozen in this process (nothing listens at the URL)."""
+    import openai
+
+    import stepfork_otel
+    from stepfork_otel import ReplaySession
+
+    stepfork_otel.instrument_openai()
+    try:
+        with (
+            ReplaySession.from_trace(bundle) as session,
+            openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="sk-test") as client,
+        ):
+            client.responses.create(model="gpt-4o", input="hello", instructions="be brief")
+            reply = client.chat.completions.create(model="gpt-4o", messages=messages)
+            session.verify_complete()
+        return reply.choices[0].message.content or ""
+    finally:
+        stepfork_otel.uninstrument_openai()
+
+
 def test_a_long_conversation_loses_input_value_to_the_attribute_limit_and_the_import_says_so(
     tmp_path: Path,
 ) -> None:
+    """The attribute count limit evicts ``input.value``, ``output.value`` and the first messages'
+    attributes: the call keeps the last messages (fidelity ``truncated``, compared on those) and
+    a response rebuilt from the output message attributes -- and replays."""
     with FakeLLM() as llm:
         long_conversation(llm.openai_url, tmp_path / "default.jsonl")
         long_conversation(llm.openai_url, tmp_path / "raised.jsonl", attribute_limit=1000)
@@ -399,21 +371,31 @@ def test_a_long_conversation_loses_input_value_to_the_attribute_limit_and_the_im
     print(done.stdout)
     assert done.returncode == 1
     assert "complete -- long-chat, 2 calls, ok" in done.stdout
+    assert "missing" not in done.stdout.split("problems in the input")[0]
     assert (
-        "missing call-2: input missing (not_recorded) -- replay stops at this call" in done.stdout
-    )
-    assert (
-        "(ChatCompletion, call 2 of the trace): input missing -- input.value is not on the span "
+        "(ChatCompletion, call 2 of the trace): input.value is not on the span "
         "(the SDK's attribute count limit evicts the oldest attributes first: raise "
-        "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT)" in done.stdout
+        "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT); the last 60 messages, from its per-message "
+        "attributes, are compared (fidelity truncated)" in done.stdout
     )
-    assert "call-1" not in done.stdout  # the Responses call is whole
+    assert "the response is rebuilt from its per-message attributes" in done.stdout
     (bundle,) = (tmp_path / "bundles").glob("*.sftrace")
-    first = Trace.load(bundle).calls[0]
+    first, second = Trace.load(bundle).calls
     assert payload_value(first.input)["url"] == "responses"
+    assert (first.fidelity, second.fidelity) == ("exact", "truncated")
+    assert payload_value(second.input)["tail"] == 60
     assert normalised(docs_block("openinference-limit")) == normalised(
         "$ stepfork import spans.jsonl -o bundles\n" + done.stdout
     )
+
+    assert replay_long(bundle, conversation()) == "You said: and now?"
+    earlier = conversation()
+    earlier[0]["content"] = "a question the span lost"
+    assert replay_long(bundle, earlier) == "You said: and now?"  # not compared, and said
+    later = conversation()
+    later[-2]["content"] = "another answer"
+    with pytest.raises(stepfork_otel.ReplayMismatchError, match=r"messages\[58\]\.parts"):
+        replay_long(bundle, later)
 
     for name in ("raised", "hidden"):  # what the docs advise
         kept = stepfork("import", f"{name}.jsonl", "-o", name, cwd=tmp_path)

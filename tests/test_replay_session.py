@@ -692,6 +692,7 @@ def test_a_replay_no_span_encloses_is_one_trace_under_its_own_root(
     recording: Recording, tmp_path: Path
 ) -> None:
     from opentelemetry import trace as trace_api
+    from opentelemetry.trace import StatusCode
 
     from stepfork_otel import constants as k
 
@@ -712,8 +713,17 @@ def test_a_replay_no_span_encloses_is_one_trace_under_its_own_root(
     assert root.name == "replay refunds"
     assert root.attributes[k.REPLAY_OF] == Trace.load(tmp_path / "r.sftrace").trace_id
     assert root.attributes[k.INPUT_VALUE] == '{"order":1042}'  # shown beside the original's
+    assert root.attributes[k.INPUT_MIME_TYPE] == k.MIME_JSON  # (Phoenix shows it as JSON)
+    assert root.status.status_code is StatusCode.OK  # as a recorded run's span, not Unset
     assert {s.context.trace_id for s in spans} == {root.context.trace_id}
     assert len(spans) == 3
+
+    recording.exporter.clear()  # a replay that diverged ends ERROR, even if the agent caught it
+    with ReplaySession.from_trace(tmp_path / "r.sftrace"), contextlib.suppress(ReplayMismatchError):
+        lookup(3)
+    (root,) = [s for s in recording.exporter.get_finished_spans() if s.parent is None]
+    assert root.status.status_code is StatusCode.ERROR
+    assert root.status.description == "ReplayMismatchError"
 
     recording.exporter.clear()
     tracer = trace_api.get_tracer("user", tracer_provider=recording.provider)

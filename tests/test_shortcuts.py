@@ -23,9 +23,10 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from secret_families import CORPUS
 from test_redaction import SECRETS
 
-from stepfork_otel.trace.canonical import canonical_json
+from stepfork_otel.trace.canonical import as_returned_bytes, canonical_json
 from stepfork_otel.trace.canonical import loads as canonical_loads
 from stepfork_otel.trace.models import (
     ErrorEvent,
@@ -41,6 +42,7 @@ from stepfork_otel.trace.redaction import (
     Redactor,
     SecretPattern,
     looks_random,
+    scan_form,
 )
 from stepfork_otel.trace.redaction.engine import _splice
 
@@ -548,7 +550,7 @@ def test_an_output_is_redacted_in_its_returned_order_as_the_obvious_walk_does(
     """``redact_canonical(text, keep_order=True)`` (one pre-check, then the splice or the walk on
     the text in returned order) gives what the obvious walk of the value gives, encoded with its
     keys in their order -- and its keys keep the returned order."""
-    from stepfork_otel.trace.canonical import UnserialisableError, as_returned_bytes
+    from stepfork_otel.trace.canonical import UnserialisableError
 
     loads = canonical_loads
     try:
@@ -570,3 +572,70 @@ def _shuffled(value: Any, rng: Any) -> Any:
     if isinstance(value, list):
         return [_shuffled(item, rng) for item in value]
     return value
+
+
+# --- the pre-check's gates against one search of every rule, on payloads with planted secrets ---
+
+_FAMILY_SECRETS = tuple(dict.fromkeys(s.text for s in CORPUS))
+_API_KEYS = (
+    *("model", "messages", "role", "content", "max_tokens", "temperature", "tool_calls", "id"),
+    *("arguments", "headers", "Authorization", "X-Api-Key", "url", "passengers", "api_version"),
+    *("results", "flight_id", "fare_rules", "note", "password", "key_count", "access", "body"),
+)
+
+
+@st.composite
+def _secret_of_any_family(draw: st.DrawFn) -> str:
+    """A corpus secret (every family has one), whole or cut, in ordinary words."""
+    secret = draw(st.sampled_from(_FAMILY_SECRETS))
+    if draw(st.booleans()):
+        start = draw(st.integers(0, len(secret) - 1))
+        secret = secret[start : draw(st.integers(start + 1, len(secret)))]
+    before = draw(st.sampled_from(("", "use this: ", "token=", "Bearer ", '{"key": "', "x")))
+    return before + secret + draw(st.sampled_from(("", " now", '"}', "\n", "&next=1")))
+
+
+_api_texts = st.one_of(
+    _secret_of_any_family(),
+    st.sampled_from(_FRAGMENTS),
+    st.lists(st.sampled_from(_FRAGMENTS), max_size=5).map(" ".join),
+)
+_api_values = st.recursive(
+    st.one_of(_api_texts, st.integers(-5, 2**40), st.sampled_from((None, True, 0.25))),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.dictionaries(st.one_of(st.sampled_from(_API_KEYS), _api_texts), children, max_size=5),
+        # JSON held in a string, as tool-call arguments are
+        st.dictionaries(st.sampled_from(_API_KEYS), children, max_size=3).map(
+            lambda d: canonical_json(d)
+        ),
+    ),
+    max_leaves=14,
+)
+
+
+@_settings(400)
+@given(
+    redactor=st.sampled_from(_REDACTORS),
+    value=_api_values,
+    seed=st.randoms(use_true_random=False),
+)
+def test_the_gates_select_what_one_search_of_every_rule_selects(
+    redactor: Redactor, value: Any, seed: Any
+) -> None:
+    """Payloads shaped like API traffic, secrets of every family planted in strings, keys and
+    JSON held in strings, keys in a random order: the pre-check with the gates (one search of
+    the gates, then of the rules they name) finds exactly the rules that one search of every
+    rule finds, and the redacted text -- canonical, or in returned order -- is the obvious
+    walk's."""
+    canonical = canonical_json(value)
+    returned = as_returned_bytes(_shuffled(canonical_loads(canonical), seed)).decode("utf-8")
+    for text in (canonical, returned):
+        scan = scan_form(text.encode("utf-8"))
+        every_rule = sorted(redactor._set.Match(scan))
+        assert redactor._matched(scan) == every_rule
+        assert redactor._matched(scan, first=True) == every_rule[:1]
+    event("a rule matched" if every_rule else "no rule matched")
+    assert redactor.redact_canonical(canonical) == canonical_json(_obvious(redactor, value))
+    expected = as_returned_bytes(_obvious(redactor, canonical_loads(returned))).decode("utf-8")
+    assert redactor.redact_canonical(returned, keep_order=True) == expected

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import importlib
 import io
 import os
@@ -35,10 +36,7 @@ from stepfork_otel.trace.errors import BundleError
 #: line ``stepfork --help`` shows for it (the module's own ``help=``, kept equal by a test).
 COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("replay_cmd", "re-run an entrypoint against a recorded bundle and compare"),
-    "validate": (
-        "validate_cmd",
-        "check bundles: schema, structure, and (optionally) every fingerprint",
-    ),
+    "validate": ("validate_cmd", "check bundles: schema, structure, fingerprints, completeness"),
     "export": ("export_cmd", "turn a recorded run into a regression test"),
     "show": ("show_cmd", "print a recorded run as a tree of calls"),
     "diff": ("diff_cmd", "the first point where two recorded runs differ"),
@@ -55,10 +53,23 @@ def command_of(argv: Sequence[str]) -> str | None:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (like every other error of the command)."""
+    """argparse, but a usage error is one line (like every other error of the command), and a
+    mistyped choice -- a command (``stepfork repaly``), an export kind, an option's value --
+    names the one meant when one is close (argparse suggests nothing before Python 3.14).
+    Subparsers are made of this class too (argparse gives them the parent's class)."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        choices = action.choices
+        if choices is None or value in choices:
+            return
+        names = [str(choice) for choice in choices]
+        close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
+        if not close:
+            super()._check_value(action, value)
+        raise argparse.ArgumentError(action, f"invalid choice: {value!r}; did you mean {close[0]}?")
 
 
 def build_parser(commands: Collection[str] = ()) -> argparse.ArgumentParser:

@@ -39,6 +39,7 @@ from stepfork_otel.trace.canonical import canonical_json, short_fingerprint
 from stepfork_otel.trace.errors import BundleError
 
 if TYPE_CHECKING:
+    from stepfork_otel.trace.errors import Problem
     from stepfork_otel.trace.models import CallEvent, Trace
 
 # The bundle reader, the models and the replay report are imported where they are used: every
@@ -169,6 +170,42 @@ def load_bundle(path: str | os.PathLike[str]) -> Trace:
         return load_trace(path)
     except BundleError as exc:
         raise CliError(str(exc)) from None
+
+
+def bundle_problems(trace: Trace, verify: bool = True) -> tuple[list[Problem], list[Problem]]:
+    """What ``stepfork validate`` reports of a loaded bundle: (problems, warnings).
+
+    Problems make a bundle invalid: its structure; with ``verify``, a stored fingerprint that does
+    not match what it covers and a payload replay cannot parse; a payload recorded as the
+    unserialisable marker. Warnings: calls replay cannot serve for want of data (no recorded
+    result, a payload left off the span) and, with ``verify``, what an older bundle leaves
+    unverified. An incomplete run is neither: the caller says so (``trace.complete``)."""
+    from stepfork_otel.trace import checks
+
+    problems = checks.validate_structure(trace)
+    if verify:
+        problems += checks.verify_integrity(trace)
+        problems += checks.unreadable_payloads(trace)
+    problems += checks.unreplayable_calls(trace)
+    warnings = checks.missing_payloads(trace)
+    if verify:
+        warnings += checks.unverified_fields(trace)
+    return problems, warnings
+
+
+def replay_stops_at(trace: Trace, missing: Problem) -> bool:
+    """Whether replay stops at the call a missing payload (a warning of :func:`bundle_problems`)
+    belongs to. It does, except for a call's input left off the span whose fingerprint was kept:
+    replay matches that call by the fingerprint."""
+    from stepfork_otel.trace.models import LlmRequest, ToolCall
+
+    event = next((e for e in trace.events if e.id == missing.event_id), None)
+    return not (
+        isinstance(event, (ToolCall, LlmRequest))
+        and event.input is None
+        and bool(event.input_sha256)
+        and missing.message.startswith("input")
+    )
 
 
 def abbreviate(fingerprint: str | None, verbose: bool = False) -> str:

@@ -1,4 +1,4 @@
-"""``stepfork diff A.sftrace B.sftrace``: the first point where two runs differ.
+"""``stepfork diff A.sftrace B.sftrace [--json]``: the first point where two runs differ.
 
 Compared in the order things happened: the run input, then call by call -- nesting, kind, tool
 name or LLM provider/model, the input, and the *outcome*: a tool's result or an LLM's output
@@ -15,14 +15,16 @@ tool result changes the next prompt), so the first point is the one worth readin
 Why both bundles are verified first: payloads are compared by their *stored* fingerprints, so a
 payload edited after the bundle was written would compare as unchanged. A side whose fingerprints
 do not match its payloads is refused, as ``stepfork replay`` refuses it. Exit 0 same, 1 different,
-2 unreadable or failing the integrity check.
+2 unreadable or failing the integrity check. ``--json`` prints the same as one object (keys in
+``docs/cli.md``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from stepfork_otel.cli._common import (
     EXIT_DIFFERENT,
@@ -30,7 +32,9 @@ from stepfork_otel.cli._common import (
     CliError,
     Style,
     abbreviate,
+    abbreviate_in_data,
     add_common_arguments,
+    json_text,
     load_bundle,
 )
 from stepfork_otel.replay.errors import BundleIntegrityError, first_difference
@@ -58,6 +62,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     parser.add_argument("a", metavar="A", help="first .sftrace bundle")
     parser.add_argument("b", metavar="B", help="second .sftrace bundle")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     add_common_arguments(parser)
 
 
@@ -68,6 +73,20 @@ class Difference:
     where: str
     what: str
     lines: list[str]
+    call: int | None = None
+    """The position of the calls that differ (None: the run's input, outcome or output)."""
+    ids: tuple[str | None, str | None] = field(default=(None, None))
+    """The ids of those calls in A and B (None: that side has no call there)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "where": self.where,
+            "call": self.call,
+            "a_call_id": self.ids[0],
+            "b_call_id": self.ids[1],
+            "what": self.what,
+            "details": self.lines,
+        }
 
 
 def _payload_difference(
@@ -76,16 +95,19 @@ def _payload_difference(
     a: tuple[str, str | None, str | None],
     b: tuple[str, str | None, str | None],
     verbose: bool,
+    call: tuple[int, str, str] | None = None,
 ) -> Difference:
     """Two payloads that differ: each side's label, fingerprint and preview, then where the
-    texts first differ (when both are in the bundles)."""
+    texts first differ (when both are in the bundles). ``call``: (position, A's id, B's id)."""
     lines = []
     for side, (label, text, sha) in (("A", a), ("B", b)):
         lines.append(f"{side}: {label}  sha256 {abbreviate(sha, verbose)}")
         lines.append(f"   {report_preview(text, verbose)}")
     if a[1] is not None and b[1] is not None:
         lines.extend(first_difference(a[1], b[1], labels=("A", "B")))
-    return Difference(where, what, lines)
+    if call is None:
+        return Difference(where, what, lines)
+    return Difference(where, what, lines, call[0], (call[1], call[2]))
 
 
 def _same_outcome(a: OutcomeEvent | None, b: OutcomeEvent | None) -> tuple[bool, bool]:
@@ -165,9 +187,10 @@ def compare(a: Trace, b: Trace, verbose: bool, start: int = 1) -> Difference | N
         if n < start:
             continue
         where = f"call {n} (A {ca.id}, B {cb.id})"
+        at = (n, ca.id, cb.id)
         head = [f"A: {ca.id} {call_label(ca)}", f"B: {cb.id} {call_label(cb)}"]
         if call_label(ca) != call_label(cb):
-            return Difference(where, "a different call was made", head)
+            return Difference(where, "a different call was made", head, n, (ca.id, cb.id))
         parent_a = pos_a.get(ca.parent_id or "")
         parent_b = pos_b.get(cb.parent_id or "")
         if parent_a != parent_b:
@@ -178,6 +201,8 @@ def compare(a: Trace, b: Trace, verbose: bool, start: int = 1) -> Difference | N
                     f"A: inside call {parent_a}" if parent_a else "A: at run level",
                     f"B: inside call {parent_b}" if parent_b else "B: at run level",
                 ],
+                n,
+                (ca.id, cb.id),
             )
         ia, ib = (
             stored_or_sha256(ca.input, ca.input_sha256),
@@ -191,6 +216,7 @@ def compare(a: Trace, b: Trace, verbose: bool, start: int = 1) -> Difference | N
                 (ca.id, ca.input, ia),
                 (cb.id, cb.input, ib),
                 verbose,
+                at,
             )
         oa, ob = a.outcome_of(ca), b.outcome_of(cb)
         same_kind, same_payload = _same_outcome(oa, ob)
@@ -199,6 +225,8 @@ def compare(a: Trace, b: Trace, verbose: bool, start: int = 1) -> Difference | N
                 where,
                 f"{call_label(ca)}: a different outcome",
                 [f"A: {_describe_outcome(oa)}", f"B: {_describe_outcome(ob)}"],
+                n,
+                (ca.id, cb.id),
             )
         if not same_payload and oa is not None and ob is not None:
             what = (
@@ -214,6 +242,7 @@ def compare(a: Trace, b: Trace, verbose: bool, start: int = 1) -> Difference | N
                 (f"{ca.id} outcome", oa.output, stored_or_sha256(oa.output, oa.output_sha256)),
                 (f"{cb.id} outcome", ob.output, stored_or_sha256(ob.output, ob.output_sha256)),
                 verbose,
+                at,
             )
     if len(calls_a) != len(calls_b):
         n = min(len(calls_a), len(calls_b)) + 1
@@ -227,6 +256,8 @@ def compare(a: Trace, b: Trace, verbose: bool, start: int = 1) -> Difference | N
             [f"A: {len(calls_a)} calls", f"B: {len(calls_b)} calls"]
             + [f"{side} only: {c.id} {call_label(c)}" for c in extra[:5]]
             + ([f"{side} only: … {len(extra) - 5} more"] if len(extra) > 5 else []),
+            n,
+            (extra[0].id, None) if side == "A" else (None, extra[0].id),
         )
     if ra.status != rb.status or not same_type_name(ra.error_type or "", rb.error_type or ""):
         return Difference(
@@ -258,6 +289,17 @@ def _summary(trace: Trace) -> str:
     return f"{run.name or 'run'}, {status}, {len(trace.calls)} calls"
 
 
+def _side(path: str, trace: Trace) -> dict[str, Any]:
+    run = trace.run
+    return {
+        "path": path,
+        "name": run.name,
+        "status": run.status,
+        "error_type": run.error_type,
+        "calls": len(trace.calls),
+    }
+
+
 def check_integrity(a: tuple[str, Trace], b: tuple[str, Trace]) -> None:
     """Refuse (exit 2) when a stored fingerprint of either side does not match its payload: the
     comparison reads the stored fingerprints, so an edited payload would compare as unchanged.
@@ -281,12 +323,25 @@ def run(args: argparse.Namespace) -> int:
     a = load_bundle(args.a)
     b = load_bundle(args.b)
     check_integrity((args.a, a), (args.b, b))
+    start, shared = shared_prefix(a, b, args.verbose)
+    difference = compare(a, b, args.verbose, start)
+    code = EXIT_OK if difference is None else EXIT_DIFFERENT
+    if args.json:
+        data = {
+            "a": _side(args.a, a),
+            "b": _side(args.b, b),
+            "compared_from_call": start,
+            "shared": shared,
+            "same": difference is None,
+            "difference": None if difference is None else difference.to_dict(),
+            "exit_code": code,
+        }
+        print(json_text(abbreviate_in_data(data, args.verbose)))
+        return code
     style = Style(sys.stdout)
     lines = [f"A: {args.a}  ({_summary(a)})", f"B: {args.b}  ({_summary(b)})"]
-    start, shared = shared_prefix(a, b, args.verbose)
     if shared is not None:
         lines.append(shared)
-    difference = compare(a, b, args.verbose, start)
     if difference is None:
         lines.append(
             style.green("same")
@@ -299,4 +354,4 @@ def run(args: argparse.Namespace) -> int:
         )
         lines.extend(f"  {line}" for line in difference.lines)
     print("\n".join(style.line(line) for line in lines))
-    return EXIT_OK if difference is None else EXIT_DIFFERENT
+    return code

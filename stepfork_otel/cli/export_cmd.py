@@ -17,10 +17,14 @@ automatically: the generated test fails at them unless the user approves each by
 (``--approve call-6``), which writes a visible approval list into the test (manual mode; the
 approved calls are substituted, their bodies never run).
 
-A test that could not pass on the code that recorded it is not written (exit 2): a live-mode test
-(``--allow-live-tool``) must allow-list every recorded tool that live mode would run -- it refuses
-the others, it does not substitute them -- and live mode can approve no call recorded as
-``forbidden`` or ``manual``.
+A test that could not pass on the code that recorded it is not written (exit 2,
+:func:`check_test_can_pass`): from a bundle whose fingerprints do not match its payloads (replay
+rejects it), one whose run did not end (replay stops after its last recorded call, where the agent
+goes on), or one holding a call replay stops at (no recorded result, a result left off the span,
+a payload recorded as unserialisable or that is not JSON); nor a live-mode test
+(``--allow-live-tool``) that does not allow-list every recorded tool live mode would run -- it
+refuses the others, it does not substitute them -- or that meets a call recorded as ``forbidden``
+or ``manual``, which live mode can never approve.
 
 The generated file is valid Python whatever the bundle holds: bundle text appears only in string
 literals (control and bidi characters escaped) and in the escaped docstring, and the test's module
@@ -49,6 +53,7 @@ from stepfork_otel.cli._common import (
     load_bundle,
     print_note,
     recorded_arguments,
+    replay_stops_at,
     resolve_entrypoint,
     terminal_safe,
 )
@@ -203,6 +208,40 @@ def _needs_approval(trace: Trace) -> list[CallEvent]:
 
 def _bare_name(call: CallEvent) -> str:
     return call_label(call).removeprefix("tool ")  # a tool by its bare name
+
+
+def check_test_can_pass(path: str, trace: Trace, live: bool) -> None:
+    """A test replaying ``trace`` fails on the very code that recorded it when replay rejects the
+    bundle or stops in it: :class:`CliError` naming why (the first reason; ``stepfork validate``
+    lists them all). ``live``: a live-mode test, which runs the LLM calls and allow-listed tools
+    rather than substituting their recorded results."""
+    from stepfork_otel.trace import checks
+
+    why: str | None = None
+    integrity = checks.verify_integrity(trace)
+    problems = checks.unreadable_payloads(trace) + checks.unreplayable_calls(trace)
+    if integrity:
+        more = f" (and {len(integrity) - 1} more)" if len(integrity) > 1 else ""
+        why = (
+            f"replay rejects this bundle: integrity check failed: {integrity[0]}{more}; it was "
+            "edited or corrupted after it was written"
+        )
+    elif not trace.complete:
+        why = (
+            f"the recorded run is incomplete: {trace.incomplete_reason or 'cut short'}; replay "
+            "stops after its last recorded call, where the agent goes on -- record the run again"
+        )
+    elif problems:
+        why = f"{problems[0]}"
+    elif not live:
+        stops = [p for p in checks.missing_payloads(trace) if replay_stops_at(trace, p)]
+        if stops:
+            why = f"replay stops at {stops[0]}"
+    if why is not None:
+        raise CliError(
+            f"{path}: no test written, it could never pass: {why}; `stepfork validate {path}` "
+            "lists every problem"
+        )
 
 
 def check_live_test_can_pass(trace: Trace, allow_live_tools: list[str]) -> None:
@@ -400,6 +439,7 @@ def render_test(
 def run(args: argparse.Namespace) -> int:
     bundle = Path(args.trace)
     trace = load_bundle(bundle)
+    check_test_can_pass(args.trace, trace, live=bool(args.allow_live_tools))
     fn = resolve_entrypoint(args.entrypoint)
     call_args, call_kwargs = recorded_arguments(trace)
     check_arguments(fn, args.entrypoint, call_args, call_kwargs)

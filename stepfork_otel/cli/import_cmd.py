@@ -1,11 +1,15 @@
-"""``stepfork import FILE... [--trace-id ID] [-o DIR] [--redaction-rules RULES]``: rebuild
-bundles from spans a collector captured (OTLP JSON: the Collector's ``file`` exporter output, or
-OTLP/HTTP JSON request bodies).
+"""``stepfork import FILE... [--trace-id ID] [-o DIR] [--redaction-rules RULES] [--force]
+[--json]``: rebuild bundles from spans a collector captured (OTLP JSON: the Collector's ``file``
+exporter output, or OTLP/HTTP JSON request bodies).
 
 One bundle per recorded run, written atomically as ``DIR/<trace_id>.sftrace`` the moment the last
 line holding spans of its trace has been read (the import streams; see
 ``stepfork_otel.trace.otlp``). A second run in the same trace gets ``<trace_id>-<span_id>``,
 as the bundle processor names it.
+
+An existing bundle is not overwritten without ``--force``, as ``export`` does not overwrite a test:
+a bundle is a recording that may not be made again. Each one that exists is named (``NOT
+WRITTEN``), the other runs are still imported, and the command ends with one error line and exit 2.
 
 Nothing is written silently incomplete: every bundle line says whether the run is complete, calls
 whose payload was left off the span (size cap, content capture off, an attribute length limit) are
@@ -22,14 +26,17 @@ and problems come from the input.
 
 Exit 0: every run imported whole. 1: something to look at (payloads missing, a run incomplete,
 lines skipped, nothing imported). 2: unreadable input (missing file, not OTLP JSON, a trace id
-not in the input).
+not in the input), or a bundle that exists (without ``--force``). ``--json`` prints the same as one
+object (keys in ``docs/cli.md``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from stepfork_otel.cli._common import (
     EXIT_BAD_INPUT,
@@ -37,12 +44,14 @@ from stepfork_otel.cli._common import (
     EXIT_OK,
     Style,
     add_common_arguments,
+    json_text,
     print_error,
+    replay_stops_at,
 )
 from stepfork_otel.trace.bundle import bundle_file_name
 from stepfork_otel.trace.checks import missing_payloads
 from stepfork_otel.trace.errors import Problem
-from stepfork_otel.trace.models import LlmRequest, ToolCall, Trace
+from stepfork_otel.trace.models import Trace
 from stepfork_otel.trace.otlp import ImportReport, OtlpImportError, iter_traces_from_otlp_json
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
 from stepfork_otel.trace.redaction.files import RedactionRulesError, load_redaction_rules
@@ -83,6 +92,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
             "built-in rules"
         ),
     )
+    parser.add_argument("--force", action="store_true", help="overwrite existing bundles")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     add_common_arguments(parser)
 
 
@@ -105,15 +116,70 @@ def _describe(trace: Trace) -> str:
 
 def _consequence(trace: Trace, problem: Problem) -> str:
     """What replay will do at a call whose payload is missing."""
-    event = next((e for e in trace.events if e.id == problem.event_id), None)
-    if (
-        isinstance(event, (ToolCall, LlmRequest))
-        and event.input is None
-        and event.input_sha256
-        and problem.message.startswith("input")
-    ):
-        return "replay matches this call by its input fingerprint"
-    return "replay stops at this call"
+    if replay_stops_at(trace, problem):
+        return "replay stops at this call"
+    return "replay matches this call by its input fingerprint"
+
+
+#: Why a bundle was not written because one exists (the --force message).
+EXISTS = "exists (use --force to overwrite)"
+
+
+@dataclass
+class Imported:
+    """One run of the import: where its bundle went (or why it did not), and what to look at."""
+
+    path: Path
+    trace: Trace
+    error: str | None = None
+    """Why the bundle was not written (None: it was)."""
+    missing: list[Problem] = field(default_factory=list)
+
+    def lines(self, style: Style) -> list[str]:
+        trace = self.trace
+        if self.error is not None:
+            return [f"{self.path}: {style.red('NOT WRITTEN')} -- {self.error}"]
+        state = style.green("complete") if trace.complete else style.red("INCOMPLETE")
+        lines = [f"{self.path}: {state} -- {_describe(trace)}"]
+        if not trace.complete:
+            lines.append(f"  incomplete: {trace.incomplete_reason or 'the run was cut short'}")
+        lines += [
+            f"  {style.yellow('missing')} {p} -- {_consequence(trace, p)}" for p in self.missing
+        ]
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        trace, run = self.trace, self.trace.run
+        return {
+            "path": str(self.path),
+            "written": self.error is None,
+            "error": self.error,
+            "trace_id": trace.trace_id,
+            "run": run.name,
+            "status": run.status,
+            "error_type": run.error_type,
+            "calls": len(trace.calls),
+            "complete": trace.complete,
+            "incomplete_reason": trace.incomplete_reason,
+            "missing": [
+                {"event_id": p.event_id, "message": p.message, "replay": _consequence(trace, p)}
+                for p in self.missing
+            ],
+        }
+
+    @property
+    def needs_a_look(self) -> bool:
+        return self.error is not None or not self.trace.complete or bool(self.missing)
+
+
+def _write(trace: Trace, path: Path, force: bool) -> Imported:
+    if path.exists() and not force:
+        return Imported(path, trace, EXISTS)
+    try:
+        trace.save(path)
+    except ValueError as exc:  # a run that cannot be written is named; the rest go on
+        return Imported(path, trace, str(exc))
+    return Imported(path, trace, missing=missing_payloads(trace))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,7 +187,9 @@ def run(args: argparse.Namespace) -> int:
     directory = Path(args.output)
     report = ImportReport()
     written: set[str] = set()
+    imported: list[dict[str, Any]] = []  # (--json) what each run came to, not its trace
     attention = False
+    existing = 0
     redactor = DEFAULT_REDACTOR
     if args.redaction_rules is not None:
         try:
@@ -134,39 +202,55 @@ def run(args: argparse.Namespace) -> int:
             args.files, trace_id=args.trace_id, report=report, redactor=redactor
         )
         for trace in traces:
-            path = _bundle_path(directory, trace, written)
-            try:
-                trace.save(path)
-            except ValueError as exc:  # a run that cannot be written is named; the rest go on
-                attention = True
-                print(style.line(f"{path}: {style.red('NOT WRITTEN')} -- {exc}"))
-                continue
-            state = style.green("complete") if trace.complete else style.red("INCOMPLETE")
-            print(style.line(f"{path}: {state} -- {_describe(trace)}"))
-            if not trace.complete:
-                attention = True
-                print(
-                    style.line(
-                        f"  incomplete: {trace.incomplete_reason or 'the run was cut short'}"
-                    )
-                )
-            for problem in missing_payloads(trace):
-                attention = True
-                print(
-                    style.line(
-                        f"  {style.yellow('missing')} {problem} -- {_consequence(trace, problem)}"
-                    )
-                )
+            result = _write(trace, _bundle_path(directory, trace, written), args.force)
+            attention = attention or result.needs_a_look
+            existing += result.error == EXISTS
+            if args.json:
+                imported.append(result.to_dict())
+            else:
+                for line in result.lines(style):
+                    print(style.line(line))
     except OtlpImportError as exc:
         print_error(str(exc))
         return EXIT_BAD_INPUT
     except OSError as exc:  # the output directory cannot be written
         print_error(f"cannot write bundles to {directory}: {exc.strerror or exc}")
         return EXIT_BAD_INPUT
-    _print_summary(report, args.files, style)
     if report.problems or report.traces == 0:
         attention = True
-    return EXIT_DIFFERENT if attention else EXIT_OK
+    code = EXIT_BAD_INPUT if existing else EXIT_DIFFERENT if attention else EXIT_OK
+    if args.json:
+        print(json_text(_import_data(report, args.files, imported, code)))
+    else:
+        _print_summary(report, args.files, style)
+    if existing:
+        print_error(
+            f"{existing} bundle{'s' if existing != 1 else ''} not written: "
+            f"{'they exist' if existing != 1 else 'it exists'} in {directory} (use --force to "
+            "overwrite)"
+        )
+    return code
+
+
+def _import_data(
+    report: ImportReport, files: list[str], imported: list[dict[str, Any]], code: int
+) -> dict[str, Any]:
+    return {
+        "bundles": imported,
+        "summary": {
+            "runs": report.traces,
+            "files": len(files),
+            "lines": report.lines,
+            "spans": report.spans,
+            "ignored_traces": report.ignored_traces,
+            "ignored_spans": report.ignored_spans,
+            "other_signals": report.other_signals,
+            "skipped_spans": report.skipped_spans,
+            "base64_ids": report.base64_ids,
+        },
+        "problems": [{"where": p.where, "message": p.message} for p in report.problems],
+        "exit_code": code,
+    }
 
 
 def _print_summary(report: ImportReport, files: list[str], style: Style) -> None:

@@ -10,6 +10,13 @@ RECORDED / REPRODUCED FAILURE; see :mod:`stepfork_otel.replay.outcome`). Part 2 
 
 Exit codes: 0 matched (or reproduced the recorded failure), 1 diverged, 2 bad input.
 
+Manual mode needs an approval for every call. On a terminal the command asks for each one; in CI
+``--approve CALL_ID`` (repeatable) gives them up front -- the calls recorded with policy
+``replayable`` and each call named (one recorded ``forbidden`` or ``manual``) -- the same rule
+``stepfork export pytest --approve`` writes into a test, so a replay and the exported test agree;
+``--approve-all`` approves every call. Either one means ``--mode manual``. An approved call's
+recorded result is substituted: its body never runs.
+
 The entrypoint is trusted code named by the user and resolved against the working directory;
 nothing named in the bundle is imported (its recorded entrypoint is shown as a hint only). With
 ``--json`` the entrypoint's own prints go to stderr so stdout stays one JSON object.
@@ -97,7 +104,20 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=None,
         metavar="MODE",
         help="replay mode: frozen, live, hybrid, forbidden, manual (default: frozen; live with "
-        "--fork-at)",
+        "--fork-at; manual with --approve or --approve-all)",
+    )
+    parser.add_argument(
+        "--approve",
+        action="append",
+        default=[],
+        metavar="CALL_ID",
+        help="manual mode without asking: approve the calls recorded with policy replayable and "
+        "this one (a call recorded forbidden/manual, e.g. call-6); repeat for more",
+    )
+    parser.add_argument(
+        "--approve-all",
+        action="store_true",
+        help="manual mode without asking: approve every recorded call",
     )
     parser.add_argument(
         "--allow-live-tool",
@@ -165,14 +185,14 @@ CLI_WORDING: tuple[tuple[re.Pattern[str], str], ...] = (
             r"for every call and no approval callback was given "
             r"\(ReplaySession\(\.\.\., approve=\.\.\.\)\)"
         ),
-        "for every call, and stepfork replay asks for one only when stdin and stderr are a "
-        "terminal",
+        "for every call: give them with --approve CALL_ID or --approve-all, or run on a "
+        "terminal to be asked",
     ),
     (  # a call recorded with policy manual/forbidden, in a mode that asks nothing
         re.compile(
             r" and no approval callback was given \(ReplaySession\(\.\.\., approve=\.\.\.\)\)"
         ),
-        ", and stepfork replay asks for approvals only with --mode manual on a terminal",
+        ", and stepfork replay approves calls only in manual mode (--approve CALL_ID)",
     ),
     (re.compile(r"\(this session is '(\w+)'\)"), r"(this replay is --mode \1)"),
     (re.compile(r"leave the mode out, or say 'live'"), "leave --mode out, or say --mode live"),
@@ -187,7 +207,7 @@ CLI_WORDING: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\ballow_live_tools\b"), "--allow-live-tool"),
     (re.compile(r"\blive_llms\b"), "--live-llm"),
     (re.compile(r"\bfork_at\b"), "--fork-at"),
-    (re.compile(r"ReplaySession\(\.\.\., approve=\.\.\.\)"), "--mode manual on a terminal"),
+    (re.compile(r"ReplaySession\(\.\.\., approve=\.\.\.\)"), "--approve CALL_ID"),
 )
 
 
@@ -225,6 +245,27 @@ class _Reworder:
 
 
 # --- manual approval -------------------------------------------------------------------------------
+
+
+def listed_approver(approved: list[str], every: bool) -> Callable[[RecordedCall], bool]:
+    """``--approve``/``--approve-all``: the calls recorded ``replayable`` and those named (every
+    call with ``every``) -- the rule ``stepfork export pytest --approve`` writes into a test."""
+    named = set(approved)
+
+    def approve(rc: RecordedCall) -> bool:
+        gated = rc.policy in (ReplayPolicy.FORBIDDEN, ReplayPolicy.MANUAL)
+        return every or not gated or rc.event.id in named
+
+    return approve
+
+
+def _approvals_note(args: argparse.Namespace) -> str:
+    if args.approve_all:
+        return "every call approved (--approve-all): recorded results substituted"
+    return (
+        f"approved: {', '.join(dict.fromkeys(args.approve))} (--approve) and every call recorded "
+        "with policy replayable: recorded results substituted"
+    )
 
 
 def prompt_approver(verbose: bool) -> Callable[[RecordedCall], bool]:
@@ -458,13 +499,15 @@ def _policy_hint(trace: Trace, result: ReplayResult, args: argparse.Namespace) -
         return []
     return [
         f"{event.id} was recorded with replay policy '{event.replay_policy.value}': approve it "
-        f"with `stepfork replay {args.trace} --entrypoint {args.entrypoint} --mode manual` on "
-        f"a terminal, or write the approval into a test with `stepfork export pytest ... "
-        f"--approve {event.id}`"
+        f"with `stepfork replay {args.trace} --entrypoint {args.entrypoint} --approve "
+        f"{event.id}` (its recorded result is substituted), or write the approval into a test "
+        f"with `stepfork export pytest ... --approve {event.id}`"
     ]
 
 
-def _notes(trace: Trace, spec: str, mode: ReplayMode, interactive: bool) -> list[str]:
+def _notes(
+    trace: Trace, spec: str, mode: ReplayMode, interactive: bool, args: argparse.Namespace
+) -> list[str]:
     notes: list[str] = []
     run = trace.run
     if run.input is not None and holds_marker(run.input):
@@ -476,17 +519,40 @@ def _notes(trace: Trace, spec: str, mode: ReplayMode, interactive: bool) -> list
         notes.append(f"the bundle was recorded from {run.entrypoint} (a hint; not used)")
     if not trace.complete:
         notes.append(f"the bundle is incomplete ({trace.incomplete_reason or 'run cut short'})")
-    if mode is ReplayMode.MANUAL and not interactive:
-        notes.append("manual mode: stdin is not a terminal, so no call could be approved")
+    if args.approve or args.approve_all:
+        notes.append(_approvals_note(args))
+    elif mode is ReplayMode.MANUAL and not interactive:
+        notes.append(
+            "manual mode: stdin is not a terminal, so no call could be approved (give the "
+            "approvals with --approve CALL_ID or --approve-all)"
+        )
     return notes
 
 
-def run(args: argparse.Namespace) -> int:
-    try:  # before anything is read or imported
-        mode = parse_mode(args.mode or ("live" if args.fork_at is not None else "frozen"))
+def _mode(args: argparse.Namespace) -> ReplayMode:
+    """The replay mode: ``--mode``, else manual when approvals are given, live for a fork
+    (``--fork-at``), else frozen; and the fork options checked against it."""
+    approving = bool(args.approve) or args.approve_all
+    default = "manual" if approving else "live" if args.fork_at is not None else "frozen"
+    try:
+        mode = parse_mode(args.mode or default)
+    except ReplayModeError as exc:
+        raise CliError(str(exc)) from None
+    if approving and mode is not ReplayMode.MANUAL:
+        flag = "--approve-all" if args.approve_all else "--approve"
+        raise CliError(
+            f"{flag} only applies to --mode manual (this replay is --mode {mode.value}); leave "
+            f"out --mode: {flag} replays in manual mode"
+        )
+    try:
         fork.check_options(mode, args.fork_at, args.record)
     except ReplayModeError as exc:
         raise CliError(cli_wording(str(exc))) from None
+    return mode
+
+
+def run(args: argparse.Namespace) -> int:
+    mode = _mode(args)  # before anything is read or imported
     try:
         allow_network = NetworkGuard(args.allow_network).allow
     except ValueError as exc:  # an entry that is not HOST[:PORT]
@@ -495,8 +561,17 @@ def run(args: argparse.Namespace) -> int:
     fn = resolve_entrypoint(args.entrypoint)
     call_args, call_kwargs = recorded_arguments(trace)
     check_arguments(fn, args.entrypoint, call_args, call_kwargs)
+    for call_id in args.approve:
+        if call_id not in {c.id for c in trace.calls}:
+            raise CliError(f"--approve {call_id}: no such recorded call in {args.trace}")
     interactive = is_terminal(sys.stdin) and is_terminal(sys.stderr)
-    approve = prompt_approver(args.verbose) if mode is ReplayMode.MANUAL and interactive else None
+    listed = bool(args.approve) or args.approve_all
+    asks = mode is ReplayMode.MANUAL and interactive and not listed
+    approve: Callable[[RecordedCall], bool] | None = None
+    if listed:
+        approve = listed_approver(args.approve, args.approve_all)
+    elif asks:
+        approve = prompt_approver(args.verbose)
     try:
         session = ReplaySession(
             trace,
@@ -521,7 +596,7 @@ def run(args: argparse.Namespace) -> int:
         call_args,
         call_kwargs,
         execution,
-        progress=mode is not ReplayMode.MANUAL,
+        progress=not asks,  # (a progress line would overwrite the questions)
         stdout_to_stderr=args.json,
     )
     outcome = compare_outcome(trace.run, returned=execution.returned, raised=execution.raised)
@@ -533,7 +608,7 @@ def run(args: argparse.Namespace) -> int:
         execution=execution,
         result=session.summary,
         outcome=outcome,
-        notes=_notes(trace, args.entrypoint, mode, interactive),
+        notes=_notes(trace, args.entrypoint, mode, interactive, args),
     )
     if mode is not ReplayMode.MANUAL:
         report.hints = _policy_hint(trace, report.result, args)

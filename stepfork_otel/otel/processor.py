@@ -59,7 +59,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from stepfork_otel import constants as k
-from stepfork_otel._internal import handle_internal_errors
+from stepfork_otel._internal import handle_internal_errors, internal_error
 from stepfork_otel.config import CONFIG, RecordingConfig
 from stepfork_otel.otel.bundles import (
     Bundles,
@@ -182,7 +182,7 @@ class SftraceSpanProcessor(SpanProcessor):
     # -- the program's threads: queue, and wait when asked to -------------------------------------
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        with handle_internal_errors("queueing a started span"):
+        try:  # (try/except, not a context manager: the cost of every span of the application)
             kind = attributes_of(span).get(k.KIND)
             trace_id = span.context.trace_id
             if kind == k.KIND_RUN:  # followed from here (its bundle opens with set_destination)
@@ -196,9 +196,11 @@ class SftraceSpanProcessor(SpanProcessor):
                 if kind is not None and trace_id not in self._with_calls:
                     self._reserve(trace_id)
             self.bundles.put((span,))
+        except Exception:
+            internal_error("queueing a started span")
 
     def on_end(self, span: ReadableSpan) -> None:
-        with handle_internal_errors("queueing a finished span"):
+        try:
             kind = attributes_of(span).get(k.KIND)
             trace_id = span.context.trace_id
             followed = self._followed.get(trace_id)
@@ -225,6 +227,8 @@ class SftraceSpanProcessor(SpanProcessor):
             at_once = self.flush_interval == 0 or (followed is not None and followed.at_once)
             if at_once or bundles.queued >= k.FLUSH_BUFFER_BYTES:
                 bundles.wait()
+        except Exception:
+            internal_error("queueing a finished span")
 
     def _reserve(self, trace_id: int) -> None:
         """With a directory, the first call outside runs of a trace: its bundle's name is taken

@@ -103,6 +103,10 @@ class _Prepared:
     """An integration's own exception for a recorded failure ``(error type, message)``, built
     by trusted code from a fixed list (never from a class named in the bundle); None, or
     returning None: the session's :class:`RecordedDependencyError`."""
+    restream: Callable[[Any], Any] | None = None
+    """A recorded single value as the stream a streaming run reads (an integration's response
+    imported from another instrumentation's span, which holds the final message, never the
+    chunks); None, or returning None: a streaming run of a call recorded as one value diverges."""
     described: dict[str, Any] | None = None
     """A substituted call's described attributes (see :func:`_described`), known before its
     span starts and passed with the others then, after the input's."""
@@ -550,7 +554,15 @@ def _replayed_stream(
 ) -> tuple[dict[str, Any], ReplayedStream[Any]]:
     """A substituted streamed call: the recorded chunks, served again."""
     if not is_stream_value(value):
-        raise decision.diverged("the recorded call returned a single value, this run streams")
+        rebuilt = None if prepared.restream is None else prepared.restream(value)
+        if rebuilt is None:
+            raise decision.diverged("the recorded call returned a single value, this run streams")
+        if rebuilt.get(k.STREAM_CHUNKS):
+            decision.note(
+                "stream rebuilt from the recorded final message (the trace holds no chunks): one "
+                "text delta, one delta per tool call"
+            )
+        value = rebuilt
     head = stream_head(value)
     chunks: list[Any] = value[k.STREAM_CHUNKS]
     broken = value.get(k.STREAM_ERROR)
@@ -853,6 +865,7 @@ def prepare_integration_call(
     view: Callable[[Any], Any] | None = None,
     describe: Callable[[str, str], dict[str, Any]] | None = None,
     rebuild_error: Callable[[str, str], BaseException | None] | None = None,
+    restream: Callable[[Any], Any] | None = None,
     attributes: dict[str, Any] | None = None,
     input_hint: str | None = None,
 ) -> _Prepared | None:
@@ -861,6 +874,7 @@ def prepare_integration_call(
     prepared = _prepare_llm_call(provider, model, operation, request, ReplayPolicy.REPLAYABLE, None)
     if prepared is not None:
         prepared.view, prepared.describe, prepared.rebuild_error = view, describe, rebuild_error
+        prepared.restream = restream
         prepared.call.input_hint = input_hint
         if span_name is not None:
             prepared.span_name = span_name

@@ -86,6 +86,10 @@ class ReplayDecision:
         """stepfork failed after the decision: the call raised ``error`` instead of delivering
         its recorded result or running its body."""
 
+    def note(self, text: str) -> None:
+        """Say in the replay report how the boundary served the recorded value (a stream rebuilt
+        from a recorded final message)."""
+
     def diverged(self, reason: str) -> BaseException:
         """The error to raise when the run departs from this call's recording *after* the
         decision (a substituted stream read past its recorded end); the session records it."""
@@ -107,6 +111,10 @@ class Site(NamedTuple):
     offset: int = 0
     """Lines from the start of the function (what replay compares: an edit elsewhere in the file
     moves ``line``, not this)."""
+    thread: str | None = None
+    """Which of the run's threads and tasks read: None for the one the run started in, ``"2"``
+    for the second its own code started, ``"2.1"`` for the first that one started (the numbering
+    is ``recording/determinism.py``'s; replay serves each its own values)."""
 
     def __str__(self) -> str:
         return f"{self.module}:{self.function}:{self.line}"

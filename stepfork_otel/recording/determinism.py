@@ -28,6 +28,10 @@ inside a boundary's body (a ``@trace_tool`` function, the body of an ``llm_reque
 is the dependency; frozen replay does not run it, and a body that runs live reads live. Monotonic clocks (``time.monotonic``, ``perf_counter``) are not sources, so
 timeouts and durations keep working.
 
+**Whose thread.** Each read also says which of the run's threads and asyncio tasks made it,
+numbered in the order the run's own code started them (see "whose thread" below), so that
+replay serves each thread its own values whatever order the threads read in.
+
 **Where the values go.** Reads since the previous boundary call are written, as one JSON
 attribute (:data:`~stepfork_otel.constants.CAPTURED`), on the span of the next boundary call when
 it starts; the reads after the last call go on the run span when it ends. So they travel with the
@@ -39,8 +43,11 @@ part, ``ReplaySession(..., fork_at=N, record_to=...)``).
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import datetime as _dt
 import functools
+import itertools
 import logging
 import os
 import random
@@ -52,7 +59,7 @@ import threading
 import time
 import types
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -61,7 +68,7 @@ import orjson
 from opentelemetry import context as context_api
 
 from stepfork_otel import constants as k
-from stepfork_otel._internal import handle_internal_errors
+from stepfork_otel._internal import handle_internal_errors, internal_error
 from stepfork_otel.config import CONFIG
 from stepfork_otel.recording.contract import Replayer, Site, current_session
 from stepfork_otel.trace.captured import RANDOM_FUNCTIONS, env_fingerprint, env_salting
@@ -149,10 +156,8 @@ def _is_user_frame(filename: str, namespace: dict[str, Any], packages: tuple[str
     return not filename.startswith("<frozen")
 
 
-def _site_of(frame: types.FrameType | None) -> Site | None:
-    """The call site of ``frame`` when it is the run's own code, else None."""
-    if frame is None:
-        return None
+def _is_own(frame: types.FrameType) -> bool:
+    """Whether ``frame`` runs the run's own code (remembered per file and module)."""
     global _user_frames_packages
     code = frame.f_code
     namespace = frame.f_globals
@@ -164,11 +169,20 @@ def _site_of(frame: types.FrameType | None) -> Site | None:
     user = _user_frames.get(key)
     if user is None:
         user = _user_frames[key] = _is_user_frame(code.co_filename, namespace, packages)
-    if not user:
+    return user
+
+
+def _site_of(frame: types.FrameType | None, owner: object = None) -> Site | None:
+    """The call site of ``frame`` when it is the run's own code, else None; with the number of
+    the thread of the run or session ``owner`` this context is (None: the one it started in)."""
+    if frame is None or not _is_own(frame):
         return None
+    code = frame.f_code
     function = getattr(code, "co_qualname", code.co_name)
     line = frame.f_lineno
-    return Site(_module_name(namespace), function, line, line - code.co_firstlineno)
+    lane = _lane.get()
+    thread = lane.path if lane is not None and lane.owner is owner else None
+    return Site(_module_name(frame.f_globals), function, line, line - code.co_firstlineno, thread)
 
 
 def _module_name(namespace: dict[str, Any]) -> str:
@@ -200,6 +214,143 @@ def mark_body(context: context_api.Context) -> context_api.Context:
 def in_body() -> bool:
     """Whether the current context is inside a boundary's body."""
     return context_api.get_value(_BODY_KEY) is True
+
+
+# --- whose thread: the run's threads and tasks numbered as its own code starts them --------------
+#
+# Threads that read at one call site need not read in the recorded order in replay, so each read
+# says which of the run's threads made it, and replay serves each thread its own values. An OS
+# thread id is no name for that (a pool's workers take whichever task is free, and the ids differ
+# in every process), nor is the order in which threads first read (that is the interleaving
+# itself). What replays deterministically is the order in which the run's *own* code starts them:
+# a context copied for a thread (``contextvars.copy_context()``, which ``asyncio.to_thread`` calls
+# too) or for an asyncio task (``create_task``, ``gather``, a ``TaskGroup``) is the next child of
+# the thread that copies it, numbered in that thread's program order. The thread the run started
+# in is None; its children ``"1"``, ``"2"``; their children ``"2.1"``. A copy made by a library or
+# inside a boundary body (which frozen replay does not run), or one whose caller waits for it
+# (``asyncio.run``), is no new thread: it reads as its parent.
+
+
+@dataclass(eq=False, slots=True)
+class _Lane:
+    """One of the run's threads or tasks: its number, and the count of those it started."""
+
+    owner: object
+    """The capturing run or replay session it belongs to (a context left from another run's
+    thread is not one of this run's)."""
+    path: str | None
+    started: Iterator[int] | None = None
+    """Numbers the threads it starts (made by the first: most tasks start none)."""
+
+    def child(self) -> _Lane:
+        counter = self.started
+        if counter is None:
+            with _lanes_lock:
+                if self.started is None:
+                    self.started = itertools.count(1)
+                counter = self.started
+        number = next(counter)  # (atomic: a C iterator)
+        return _Lane(self.owner, str(number) if self.path is None else f"{self.path}.{number}")
+
+
+_lanes_lock = threading.Lock()
+
+
+_lane: ContextVar[_Lane | None] = ContextVar("stepfork_capture_thread", default=None)
+#: The thread each capturing run and replay session started in, by ``id`` of the run or session.
+_roots: dict[int, _Lane] = {}
+
+
+_ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
+#: asyncio code that runs the task it creates while its caller waits for it: the task continues
+#: its caller's thread (``asyncio.run(main())`` inside a run, and a replay that runs ``main``
+#: itself, agree; and ``wait_for`` makes a task on some Python versions only).
+_WAITED_FOR = frozenset(
+    {
+        asyncio.base_events.BaseEventLoop.run_until_complete.__code__,
+        asyncio.tasks.wait_for.__code__,
+        asyncio.tasks.shield.__code__,
+    }
+)
+_TO_THREAD = asyncio.threads.to_thread.__code__
+#: How many of asyncio's own frames a task's creation is traced through to the code that asked.
+_ASYNCIO_DEPTH = 8
+
+
+def _copied_by_own_code(frame: types.FrameType | None) -> bool:
+    """Whether a context copied by ``frame`` starts a thread of the run's own: the run's own
+    code copies it, or ``asyncio.to_thread`` does for it. (asyncio's callbacks -- a timer, a
+    reader -- get a copy too; they are not threads the run started.)"""
+    if frame is not None and frame.f_code is _TO_THREAD:
+        frame = frame.f_back
+    return frame is not None and _is_own(frame)
+
+
+def _task_by_own_code(frame: types.FrameType | None) -> bool:
+    """Whether a task created by ``frame`` is started by the run's own code: through asyncio's
+    own frames (``create_task``, ``gather``, ``ensure_future``, a ``TaskGroup``), the code that
+    asked is the run's, and no asyncio code on the way waits for the task."""
+    for _ in range(_ASYNCIO_DEPTH):
+        if frame is None or frame.f_code in _WAITED_FOR:
+            return False
+        if not frame.f_code.co_filename.startswith(_ASYNCIO_DIR):
+            return _is_own(frame)
+        frame = frame.f_back
+    return False
+
+
+def _fork(
+    frame: types.FrameType | None, started: Callable[[types.FrameType | None], bool]
+) -> _Lane | None:
+    """The thread a context copied now starts (``frame``: the copy's caller; ``started``: whether
+    that is the run's own code starting a thread), or None when the copy is not a new thread of
+    the run: nothing captures or replays here, or it is made inside a boundary body, or not for
+    the run's own code."""
+    session = current_session.in_context()
+    owner: object = session if session is not None else _run.get()
+    if owner is None or in_body() or not started(frame):
+        return None
+    lane = _lane.get()
+    if lane is None or lane.owner is not owner:
+        lane = _roots.get(id(owner))
+        if lane is None or lane.owner is not owner:
+            return None
+    return lane.child()
+
+
+_real_copy_context = contextvars.copy_context
+
+
+def _copy_context() -> contextvars.Context:
+    context = _real_copy_context()
+    with handle_internal_errors("numbering a thread of the run"):
+        lane = _fork(sys._getframe(1), _copied_by_own_code)
+        if lane is not None:
+            context.run(_lane.set, lane)
+    return context
+
+
+_real_create_task = asyncio.base_events.BaseEventLoop.create_task
+
+
+def _create_task(
+    self: asyncio.base_events.BaseEventLoop, coro: Any, *args: Any, **kwargs: Any
+) -> Any:
+    lane = None
+    if kwargs.get("context") is None:
+        try:
+            lane = _fork(sys._getframe(1), _task_by_own_code)
+        except Exception:  # (a try costs nothing until it fails: tasks can be many)
+            internal_error("numbering a task of the run")
+    if lane is None:
+        return _real_create_task(self, coro, *args, **kwargs)
+    # A task copies the context it is created in (a task factory's too; Python 3.10 takes no
+    # ``context=``): for that moment, this context is the new thread's.
+    token = _lane.set(lane)
+    try:
+        return _real_create_task(self, coro, *args, **kwargs)
+    finally:
+        _lane.reset(token)
 
 
 # --- the recording side ----------------------------------------------------------------------------
@@ -266,12 +417,14 @@ class CaptureRun:
                 "line": site.line,
                 "offset": site.offset,
             }
+            if site.thread is not None:
+                read["thread"] = site.thread
             read.update(fields)
             self.pending.append(read)
 
     def note(self, source: str, site: Site) -> None:
         with self.lock:
-            key = (source, site)
+            key = (source, site._replace(thread=None))  # (a tally per site, whatever the thread)
             self.tally[key] = self.tally.get(key, 0) + 1
 
     def take(self) -> str | None:
@@ -320,16 +473,18 @@ def start_run(groups: frozenset[str], audit: bool) -> tuple[CaptureRun, object] 
         return None
     capture = CaptureRun(groups, audit)
     token = _run.set(capture)
+    _roots[id(capture)] = _Lane(capture, None)
     acquire()
     return capture, token
 
 
 def stop_run(started: tuple[CaptureRun, object]) -> None:
-    _, token = started
+    capture, token = started
     try:
         _run.reset(token)  # type: ignore[arg-type]
     except ValueError:  # (left from another context: the run still ends)
         _run.set(None)
+    _roots.pop(id(capture), None)
     release()
 
 
@@ -387,7 +542,7 @@ def _whose(depth: int) -> tuple[CaptureRun | None, Replayer | None, Site] | None
     session = current_session.in_context()
     if (capture is None and session is None) or in_body():
         return None
-    where = _site_of(sys._getframe(depth + 1))
+    where = _site_of(sys._getframe(depth + 1), capture if session is None else session)
     return None if where is None else (capture, session, where)
 
 
@@ -687,7 +842,7 @@ def _env_getitem(self: Any, key: str) -> str:
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename in _ENV_FRAMES:
         frame = frame.f_back  # type: ignore[assignment]
-    where = _site_of(frame)
+    where = _site_of(frame, capture)
     if where is None:
         return _real_env_getitem(self, key)
     if capture.audit:
@@ -765,6 +920,12 @@ def _source_patches() -> list[_Patch]:
 
 #: Made once, at import, from the real functions (never from what is installed at the time).
 _SOURCE_PATCHES = tuple(_source_patches())
+#: Where the run's threads and tasks get their context: numbered while values are captured or
+#: served (with the run's own modules' names).
+_THREAD_PATCHES = (
+    _Patch(contextvars, "copy_context", _real_copy_context, _copy_context),
+    _Patch(asyncio.base_events.BaseEventLoop, "create_task", _real_create_task, _create_task),
+)
 _lock = threading.Lock()
 _users = [0, 0]  # [holders of the source patches, holders of the module patches]
 _installed: list[list[_Patch]] = [[], []]
@@ -772,8 +933,9 @@ _SOURCES, _MODULES = 0, 1
 
 
 def _module_patches() -> list[_Patch]:
-    """The run's own modules' names for the sources (``from time import time``, ``import
-    datetime``, ``from datetime import datetime``), replaced too."""
+    """What starts the run's threads (:data:`_THREAD_PATCHES`), and the run's own modules' names
+    for the sources (``from time import time``, ``import datetime``, ``from datetime import
+    datetime``) and for ``copy_context``, replaced too."""
     sources = _SOURCE_PATCHES
     by_id: dict[int, Any] = {
         id(p.original): p.replacement for p in sources if p.owner is not os._Environ
@@ -781,7 +943,8 @@ def _module_patches() -> list[_Patch]:
     by_id[id(_dt)] = _DATETIME_PROXY
     by_id[id(_REAL_DATETIME)] = CapturedDatetime
     by_id[id(_REAL_DATE)] = CapturedDate
-    patches: list[_Patch] = []
+    by_id[id(_real_copy_context)] = _copy_context
+    patches: list[_Patch] = list(_THREAD_PATCHES)
     packages = CONFIG.settings.capture_packages
     for module in list(sys.modules.values()):
         filename = getattr(module, "__file__", None)
@@ -851,8 +1014,10 @@ def _on_session(session: Any, active: bool) -> None:
     in place while one is active -- all of it when its bundle captured values."""
     modules = bool(getattr(session, "serves_reads", False))
     if active:
+        _roots[id(session)] = _Lane(session, None)
         acquire(modules=modules)
     else:
+        _roots.pop(id(session), None)
         release(modules=modules)
 
 

@@ -50,6 +50,7 @@ __all__ = [
     "refuse_matched",
     "refuse_outside",
     "refuse_unmatched",
+    "untraced_tool",
     "verdict_for",
 ]
 
@@ -328,6 +329,28 @@ def refuse_after_fork(rules: Rules, call: BoundaryCall, fork_at: int, position: 
     if policy.needs_approval:
         subject = live_call(call, position)
         _ask_approval(rules, call, subject, policy.who(ReplayPolicy.MANUAL), position, None)
+
+
+def untraced_tool(
+    rules: Rules, call: BoundaryCall, position: int, untraced: frozenset[str]
+) -> bool:
+    """A tool the recording never traced (``run.untraced_tools`` of an imported trace: the model
+    called it, no span shows it running): True -- run it live, unrecorded (mode ``live`` and
+    named in ``allow_live_tools``); False -- not such a tool. Else the call is refused: there is
+    no recorded result to serve."""
+    if call.kind != "tool" or call.name not in untraced:
+        return False
+    if rules.mode is ReplayMode.LIVE and call.name in rules.allow_live_tools:
+        return True
+    raise _refused(
+        call,
+        position,
+        f"tool {call.name!r} ran untraced in the recording: the imported trace holds no span "
+        "of its runs (its instrumentation records the model's tool calls and the results sent "
+        "back, not the tool: no execute_tool or TOOL span), so there is no recorded result to "
+        f"serve; run it for real with mode 'live' and --allow-live-tool {call.name}, or trace "
+        "the tool when recording (a framework instrumentation writes tool spans)",
+    )
 
 
 def refuse_outside(call: BoundaryCall, state: str) -> ReplaySessionError:

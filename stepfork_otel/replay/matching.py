@@ -40,6 +40,8 @@ from stepfork_otel.replay.errors import (
     first_differing_path,
 )
 from stepfork_otel.replay.plan import RecordedCall
+from stepfork_otel.trace.canonical import canonical_json, loads, sha256_hex
+from stepfork_otel.trace.foreign_request import SEMANTIC_FIDELITIES, live_arguments, live_form
 from stepfork_otel.trace.models import LlmRequest, ToolCall
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "MatchContext",
     "Matcher",
     "Miss",
+    "compared_input",
     "concurrent_mismatch_error",
     "consumed_earlier",
     "describe_call",
@@ -145,12 +148,34 @@ def llm_model(call: BoundaryCall, expected: RecordedCall, ctx: MatchContext) -> 
     return Miss(f"LLM model differs: recorded {event.model!r}, this run used {call.model!r}")
 
 
+def compared_input(call: BoundaryCall, expected: RecordedCall) -> tuple[str, str]:
+    """The live input (text, fingerprint) in the terms of the recorded one: the call's own
+    redacted canonical input, or -- for an LLM call imported from spans that held a projection
+    of the request (``fidelity`` messages-only/truncated) -- the live request projected onto the
+    recorded form, so that what the trace held is compared and nothing else."""
+    event = expected.event
+    if (
+        event.fidelity not in SEMANTIC_FIDELITIES
+        or event.input is None
+        or call.input.unserialisable
+        or call.kind != expected.kind
+    ):
+        return call.input.text, call.input.sha256
+    live, recorded = loads(call.input.text), loads(event.input)
+    if isinstance(event, LlmRequest):
+        text = canonical_json(live_form(event.provider, live, recorded))
+    else:
+        text = canonical_json(live_arguments(live, recorded))
+    return text, sha256_hex(text)
+
+
 def _same_input(call: BoundaryCall, expected: RecordedCall) -> bool:
     """Same redacted canonical input: the text when it was recorded, else its fingerprint."""
+    text, sha = compared_input(call, expected)
     recorded = expected.event.input
     if recorded is not None:
-        return recorded == call.input.text
-    return expected.input_sha256 == call.input.sha256
+        return recorded == text
+    return expected.input_sha256 == sha
 
 
 def redacted_input(call: BoundaryCall, expected: RecordedCall, ctx: MatchContext) -> Miss | None:
@@ -170,20 +195,36 @@ def redacted_input(call: BoundaryCall, expected: RecordedCall, ctx: MatchContext
         )
     if ctx.drift_allowed or _same_input(call, expected):
         return None
-    if call.input_hint is not None:
+    if event.fidelity in SEMANTIC_FIDELITIES and isinstance(event, ToolCall):
+        hint = " (an imported tool call: the arguments the model sent are compared)"
+    elif event.fidelity in SEMANTIC_FIDELITIES:
+        hint = (
+            f" (an imported call, fidelity {event.fidelity}: the request is compared on what "
+            "the trace held -- model, messages"
+            + (", tool definitions" if "tool definitions" not in (event.unchecked or ()) else "")
+            + ")"
+        )
+    elif call.input_hint is not None:
         hint = f" ({call.input_hint})"
     elif call.kind == "tool":
         hint = " (arguments are normalised with their defaults: a changed default counts)"
     else:
         hint = " (the prompt payload passed to llm_request is part of the input)"
-    details = () if event.input is None else tuple(first_difference(event.input, call.input.text))
+    compared = compared_input(call, expected)[0]
+    details = () if event.input is None else tuple(first_difference(event.input, compared))
+    if event.input is not None and event.fidelity in SEMANTIC_FIDELITIES:
+        # the actual input shown is the request as sent; say where it differs in the form's terms
+        path = first_differing_path(event.input, compared)
+        details = (f"in the recording's terms: first differing path: {path}", *details)
     return Miss("input differs from the recording" + hint, details)
 
 
 def input_fingerprint(call: BoundaryCall, expected: RecordedCall, ctx: MatchContext) -> Miss | None:
     """The same input has the recorded fingerprint. Defence in depth: a bundle whose stored
     fingerprint disagrees with its input is rejected when the session starts."""
-    if expected.input_sha256 in (None, call.input.sha256) or not _same_input(call, expected):
+    if expected.input_sha256 in (None, compared_input(call, expected)[1]) or not _same_input(
+        call, expected
+    ):
         return None  # a drifted hybrid input has another fingerprint, and says so in its notes
     return Miss("input fingerprint differs from the recorded fingerprint")
 
@@ -252,7 +293,7 @@ def describe_call(call: BoundaryCall) -> CallDescription:
 
 def same_call(call: BoundaryCall, rc: RecordedCall) -> bool:
     """``rc`` is this very call: same kind, same name (or provider and model), same input."""
-    if rc.kind != call.kind or rc.input_sha256 != call.input.sha256:
+    if rc.kind != call.kind or rc.input_sha256 != compared_input(call, rc)[1]:
         return False
     event = rc.event
     if isinstance(event, ToolCall):

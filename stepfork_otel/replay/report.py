@@ -173,8 +173,10 @@ def _call_lines(result: ReplayResult, style: Highlight, indent: str) -> list[str
             rec = "(refused before matching)"
         else:
             rec = "(matched no recorded call)"
+        fidelity = f"  fidelity {call.fidelity}" if call.fidelity else ""
         lines.append(
-            f"{indent}{call.position:>3}. {action} {label:<{width}}  {rec}{_call_suffix(call)}"
+            f"{indent}{call.position:>3}. {action} {label:<{width}}  {rec}{fidelity}"
+            + _call_suffix(call)
         )
         lines.extend(f"{indent}       note: {one_line(note)}" for note in call.notes)
     if result.pending:
@@ -286,6 +288,7 @@ def report_data(result: ReplayResult, recorded_calls: int) -> dict[str, Any]:
                 "status": c.status,
                 "error": c.error,
                 "input_sha256": c.input_sha256,
+                "fidelity": c.fidelity,
                 "notes": list(c.notes),
             }
             for c in result.calls

@@ -23,6 +23,7 @@ from stepfork_otel.constants import (
     ACTION_EXECUTED,
     ACTION_REJECTED,
     ACTION_SUBSTITUTED,
+    FIDELITY_EXACT,
     REPLAY_ACTIONS,
     ReplayAction,
 )
@@ -36,7 +37,7 @@ from stepfork_otel.replay.errors import (
 from stepfork_otel.replay.plan import RecordedCall
 from stepfork_otel.replay.reads import NO_READS, ReadsSummary
 from stepfork_otel.trace.canonical import short_fingerprint
-from stepfork_otel.trace.models import call_label, label, payload_value
+from stepfork_otel.trace.models import CallEvent, call_label, label, payload_value
 from stepfork_otel.trace.payload import exception_message
 from stepfork_otel.trace.policy import ReplayMode
 
@@ -48,6 +49,7 @@ __all__ = [
     "abandoned_error",
     "after_live",
     "described_error",
+    "fidelity_note",
     "incomplete_error",
     "input_drift_note",
     "live_output_note",
@@ -92,6 +94,9 @@ class ReplayedCall:
     """Fingerprint of what the agent got (substituted: the recorded output; executed: the live one)."""
     notes: list[str] = field(default_factory=list)
     """Reported, not raised: hybrid input drift, live output drift, a value returned as JSON."""
+    fidelity: str | None = None
+    """The recorded call's fidelity, for a call imported from another instrumentation's spans
+    (``exact``, ``messages-only``, ``truncated``); None: recorded by stepfork."""
 
     @property
     def arguments(self) -> Any:
@@ -212,6 +217,16 @@ def summarise(
 def described_error(error: BaseException) -> str:
     """``Type: redacted message`` of an exception raised during replay."""
     return f"{type(error).__name__}: {exception_message(error, CONFIG.settings.redactor)}"
+
+
+def fidelity_note(event: CallEvent) -> str | None:
+    """The note on a call imported from spans that did not hold the whole request: what replay
+    could not compare (None: a call recorded whole)."""
+    if event.fidelity in (None, FIDELITY_EXACT) or not event.unchecked:
+        return None
+    return f"imported ({event.fidelity}): not compared, the trace did not hold it -- " + "; ".join(
+        event.unchecked
+    )
 
 
 def input_drift_note(live_sha256: str, recorded_sha256: str | None) -> str | None:

@@ -138,6 +138,7 @@ def _open_root_span(session: ReplaySession) -> tuple[Span, object] | None:
             and len(run_input.encode()) <= settings.max_span_payload_bytes
         ):
             attributes[k.INPUT_VALUE] = run_input  # the recorded input the replay starts from
+            attributes[k.INPUT_MIME_TYPE] = k.MIME_JSON  # (as a recorded run span says it)
         span = CONFIG.tracer().start_span(
             f"replay {name}", attributes=attributes, links=_links_to(session.trace)
         )
@@ -164,12 +165,20 @@ def _links_to(trace: Trace) -> list[trace_api.Link]:
     return [trace_api.Link(recorded)]
 
 
-def _close_root_span(root: tuple[Span, object], exc: BaseException | None) -> None:
+def _close_root_span(
+    root: tuple[Span, object], exc: BaseException | None, diverged: ReplayError | None
+) -> None:
+    """End the root span: ``ERROR`` when the replayed run raised or the replay diverged (an error
+    the agent caught included), else ``OK``, as a recorded run's span ends."""
     span, token = root
     with handle_internal_errors("closing the replay's root span"):
         context_api.detach(token)  # type: ignore[arg-type]
         if exc is not None:
             span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        elif diverged is not None:
+            span.set_status(Status(StatusCode.ERROR, type(diverged).__name__))
+        else:
+            span.set_status(Status(StatusCode.OK))
         span.end()
 
 
@@ -194,6 +203,10 @@ class _Decision(ReplayDecision):
     def abandon(self, error: BaseException) -> None:
         if self.session is not None:
             self.session.abandon_call(self, error)
+
+    def note(self, text: str) -> None:
+        if self.session is not None and self.replayed is not None:
+            self.session.note_call(self.replayed, text)
 
     def diverged(self, reason: str) -> BaseException:
         error = ReplayMismatchError(
@@ -277,6 +290,7 @@ class ReplaySession:
         self.allow_network = self._network.allow
         self._network_token: GuardToken | None = None
         self.trace = trace
+        self._untraced_tools = frozenset(trace.run.untraced_tools or ())
         self.source = source
         self.approve = approve
         with gc_paused():
@@ -403,7 +417,7 @@ class ReplaySession:
         finally:  # last, so that a failure to end it leaves no session active
             root, self._root = self._root, None
             if root is not None:
-                _close_root_span(root, exc)
+                _close_root_span(root, exc, self._errors[0] if self._errors else None)
             self._finish_recording(exc_type, exc, tb)
 
     async def __aenter__(self) -> ReplaySession:
@@ -672,6 +686,8 @@ class ReplaySession:
         decisions.refuse_unmatched(self, call, position)  # nothing to match for these
         if self.fork_at is not None and not self._in_prefix:
             return self._begin_live(call, replayed)
+        if decisions.untraced_tool(self, call, position, self._untraced_tools):
+            return self._execute_untraced(replayed)
         cursor = self._cursor
         if cursor >= len(self._plan):  # no recorded call left: nothing to match against
             raise matching.exhausted_error(
@@ -696,9 +712,10 @@ class ReplaySession:
         replayed.recorded_id = expected.event.id
         replayed.recorded_input_sha256 = expected.input_sha256
         replayed.recorded_output_sha256 = output_sha256 = expected.output_sha256
-        note = decisions.policy_note(policy)
-        if note is not None:
-            replayed.notes.append(note)
+        replayed.fidelity = expected.event.fidelity
+        for note in (decisions.policy_note(policy), results.fidelity_note(expected.event)):
+            if note is not None:
+                replayed.notes.append(note)
         decisions.refuse_matched(self, call, expected, policy, verdict, position)
         if verdict is Verdict.EXECUTE:
             return self._execute(replayed, expected)
@@ -757,6 +774,17 @@ class ReplaySession:
             cursor += 1
         self._cursor = cursor
 
+    def _execute_untraced(self, replayed: ReplayedCall) -> ReplayDecision:
+        """A tool the recording never traced, allowed to run live: no recorded call stands for
+        it, so nothing is consumed and its outcome is not compared."""
+        replayed.action = ACTION_EXECUTED
+        replayed.notes.append(
+            "ran live, unrecorded: the imported trace holds no span of this tool's runs"
+        )
+        return _Decision(
+            ACTION_EXECUTED, session=self, replayed=replayed, live=self._network.enter_live()
+        )
+
     def _execute(self, replayed: ReplayedCall, expected: RecordedCall) -> ReplayDecision:
         replayed.action = ACTION_EXECUTED
         note = results.input_drift_note(replayed.input_sha256, expected.input_sha256)
@@ -776,6 +804,11 @@ class ReplaySession:
             token=token,
             live=self._network.enter_live(),  # the body may reach its service
         )
+
+    def note_call(self, replayed: ReplayedCall, text: str) -> None:
+        """A note the boundary made on how it served a call (``ReplayDecision.note``)."""
+        with self._lock:
+            replayed.notes.append(text)
 
     def diverged_after(self, decision: _Decision, error: ReplayMismatchError) -> None:
         """A call departed from its recording after it was decided (a replayed stream read past

@@ -191,12 +191,20 @@ def env_salting_problem(value: Any) -> str | None:
     return None
 
 
+#: A read's ``thread``: the numbers of the threads started, from the run's first thread down.
+_THREAD = re.compile(r"[1-9][0-9]{0,8}(?:\.[1-9][0-9]{0,8})*")
+
+
 def _read_problem(read: CapturedRead) -> str | None:
     source = SOURCES.get(read.source)
     if source is None:
         return f"unknown source {quote(read.source)}"
     if read.kind == "audit":
+        if read.thread is not None:
+            return "an audit entry names no thread (it counts the reads of every thread)"
         return None if read.value is None else "an audit entry holds no value"
+    if read.thread is not None and not _THREAD.fullmatch(read.thread):
+        return f"thread {quote(read.thread)} is not a thread's number (such as 2 or 2.1)"
     if read.kind == "env":
         if read.source != "os.environ" or not read.name:
             return "an environment read names os.environ and its variable"
@@ -210,7 +218,8 @@ def _read_problem(read: CapturedRead) -> str | None:
 
 def captured_problems(trace: Trace) -> list[Problem]:
     """What is wrong with a bundle's captured reads: unknown sources, values of the wrong form,
-    order numbers out of order, a ``before_call`` that is no call of the run."""
+    order numbers out of order, a ``before_call`` that is no call of the run, a ``thread`` that
+    is no thread's number."""
     problems: list[Problem] = []
     last = 0
     calls = {event.seq for event in trace.calls}

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import orjson
 
+from stepfork_otel import constants as k
 from stepfork_otel.trace.canonical import (
     UNSERIALISABLE_MARKER,
     loads,
@@ -81,6 +82,7 @@ def validate_structure(trace: Trace) -> list[Problem]:
     problems: list[Problem] = captured_problems(trace) if trace.captured else []
     if trace.forked_from is not None:
         problems += fork_problems(trace)
+    problems += _form_problems(trace.events)
     if _plainly_consistent(trace.events):
         return problems
     ids: set[str] = set()
@@ -161,6 +163,30 @@ def fork_problems(trace: Trace) -> list[Problem]:
                 f"the bundle holds {before}",
             )
         )
+    return problems
+
+
+def _form_problems(events: list[Event]) -> list[Problem]:
+    """An LLM call imported at ``messages-only``/``truncated`` fidelity must hold a request form
+    (``{"url", "model", "messages", ...}``): replay projects the live request onto it."""
+    problems: list[Problem] = []
+    imported = [e for e in events if type(e) is LlmRequest and e.fidelity is not None]
+    for event in imported:  # (none in a bundle stepfork recorded)
+        if event.fidelity not in k.SEMANTIC_FIDELITIES or event.input is None:
+            continue
+        try:
+            form = loads(event.input)
+        except (ValueError, TypeError, RecursionError):
+            continue  # not JSON: the payload checks say so
+        if not (
+            isinstance(form, dict)
+            and isinstance(form.get("messages"), list)
+            and isinstance(form.get("url"), str)
+            and isinstance(form.get("model"), str)
+        ):
+            problems.append(
+                Problem(event.id, f"fidelity {event.fidelity} but the input is not a request form")
+            )
     return problems
 
 
@@ -347,20 +373,24 @@ def _run_status_agrees(
 def unverified_fields(trace: Trace) -> list[Problem]:
     """What :func:`verify_integrity` could not check in this trace, for ``stepfork validate`` to
     say (warnings, not problems: such a bundle stays loadable and replayable). A bundle written
-    without a lines fingerprint (by an older stepfork_otel, or by hand) leaves every field
-    outside the payloads unverified; a payload without a fingerprint leaves its text
-    unverified."""
+    without a lines fingerprint (by an older stepfork_otel, or by hand, or cut short before its
+    end line) leaves every field outside the payloads unverified; a payload without a
+    fingerprint leaves its text unverified."""
     notes: list[Problem] = []
     seal = lines_fingerprint(trace)
     if seal is not None and seal.stored is None:
+        why = (  # a bundle cut short has no end line, where the fingerprint is written
+            "the bundle was cut short before it"
+            if not trace.complete
+            else "the bundle was written by an older stepfork_otel or by hand"
+        )
         notes.append(
             Problem(
                 None,
-                "no lines fingerprint (lines_sha256 in the end line: the bundle was written by "
-                "an older stepfork_otel or by hand): not verified: the run's status, error type "
-                "and message; every event's replay_policy, status, name, provider, model, id, "
-                "parent and seq; which payload lines there are (payload texts, error outcomes "
-                "and model fingerprints were verified)",
+                f"no lines fingerprint (lines_sha256 in the end line: {why}): not verified: the "
+                "run's status, error type and message; every event's replay_policy, status, "
+                "name, provider, model, id, parent and seq; which payload lines there are "
+                "(payload texts, error outcomes and model fingerprints were verified)",
             )
         )
     bare: list[str] = []

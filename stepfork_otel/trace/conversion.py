@@ -143,6 +143,17 @@ def _usage(attrs: Mapping[str, Any]) -> dict[str, int] | None:
     return usage or None
 
 
+def _imported(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The fidelity of a call the importer built from another instrumentation's span
+    (``trace/foreign.py``): nothing for stepfork's own spans."""
+    fidelity = attrs.get(k.IMPORT_FIDELITY)
+    if fidelity not in k.FIDELITIES:
+        return {}
+    unchecked = attrs.get(k.IMPORT_UNCHECKED)
+    notes = [str(n) for n in unchecked] if isinstance(unchecked, (list, tuple)) else []
+    return {"fidelity": fidelity, "unchecked": notes or None}
+
+
 def _call_order(span: SpanRecord) -> tuple[int, int, str]:
     return (span.start_time_unix_nano, _int(span.attributes, k.CALL_SEQ), span.span_id)
 
@@ -211,8 +222,10 @@ def _call_event(
         replay_action=_action(attrs),
     )
     inp = read_payload(span.attributes, span.payloads, is_input=True)
+    imported = _imported(attrs)
     call_fields = dict(
         base,
+        **imported,
         id=call_id,
         parent_id=parent_id,
         status="skipped"
@@ -266,6 +279,9 @@ def _run_info(run: SpanRecord | None, replay_mode: str | None) -> RunInfo:
         end_time_unix_nano=run.end_time_unix_nano or 0,
         replay_mode=_str(attrs, k.REPLAY_MODE) or replay_mode,
         capture=[name for name in _str(attrs, k.CAPTURE).split(",") if name] or None,
+        untraced_tools=[str(n) for n in untraced]
+        if isinstance(untraced := attrs.get(k.IMPORT_UNTRACED_TOOLS), (list, tuple)) and untraced
+        else None,
     )
 
 

@@ -58,11 +58,25 @@ class _Event(_Model):
     """Set on events of a replay run: what replay did with the call."""
 
 
+Fidelity = Literal["exact", "messages-only", "truncated"]
+"""How much of a call imported from another instrumentation's spans the bundle holds (see
+``docs/collectors.md``): ``exact`` -- the request and response as sent and received;
+``messages-only`` -- the request as a form (messages, and the tools and parameters the span held)
+matched on what it holds, the response rebuilt from the output messages; ``truncated`` -- the
+same with the earliest messages lost."""
+
+
 class _CallEvent(_Event):
     input: str | None = None
     """Redacted canonical JSON of the input, exactly the text that ``input_sha256`` hashes."""
     input_size: int | None = None
     input_missing: MissingReason | None = None
+    fidelity: Fidelity | None = None
+    """Set on calls imported from another instrumentation's spans (None: recorded by stepfork).
+    ``messages-only`` and ``truncated`` calls hold a request form as input
+    (``trace/foreign_request.py``), and replay compares the live request in its terms."""
+    unchecked: list[str] | None = None
+    """What of the request the imported span did not hold, so replay does not compare it."""
 
 
 class _OutcomeEvent(_Event):
@@ -134,11 +148,11 @@ OutcomeEvent = ToolResult | LlmResponse | ErrorEvent
 class CapturedRead(_Model):
     """One nondeterministic read the run's own code made -- the clock, the global ``random``
     functions, a uuid, random bytes, an environment variable -- with where it was asked for.
-    Replay serves ``value`` reads back in ``index`` order and checks each live read's source and
-    call site against the recorded one (``recording/determinism.py``)."""
+    Replay serves ``value`` reads back to each ``thread`` in ``index`` order and checks each live
+    read's source and call site against the recorded one (``recording/determinism.py``)."""
 
     index: int
-    """1-based order of the read among the run's captured reads."""
+    """1-based order of the read among the run's captured reads (all its threads')."""
     kind: CapturedKind = "value"
     """``value``: served in replay; ``env``: an environment variable, checked (never served);
     ``audit``: a tally of reads at one site (``capture="audit"``), neither served nor checked."""
@@ -154,6 +168,11 @@ class CapturedRead(_Model):
     elsewhere in the file (an import added at the top) does not move the site."""
     before_call: int | None = None
     """The ``seq`` of the boundary call the run started next (None: after its last call)."""
+    thread: str | None = None
+    """Which of the run's threads and tasks made the read: None for the one the run started in;
+    ``"2"`` for the second thread or task the run's own code started, ``"2.1"`` for the first
+    that one started (numbered in the order each was started, which replays; not in the order
+    they read, which need not). Replay serves each thread its own values."""
     value: Any = None
     """The value the read returned, as JSON (see ``docs/replay.md`` for each source's form)."""
     name: str | None = None
@@ -204,6 +223,9 @@ class RunInfo(_Model):
     """Set when this run is itself a replay (its spans carried ``stepfork.replay.mode``)."""
     capture: list[str] | None = None
     """The capture sources the run was recorded with (``record(capture=...)``), or ``["audit"]``."""
+    untraced_tools: list[str] | None = None
+    """An imported run (``stepfork import``): the tools the model called that no span of the
+    trace shows running. Replay refuses them in frozen mode; live mode runs those allowed."""
 
 
 class ForkOrigin(_Model):

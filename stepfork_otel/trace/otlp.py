@@ -363,6 +363,13 @@ class _Decoded:
     damaged_payloads: tuple[tuple[str, str], ...] = ()
     """Payload attributes dropped, and why: a bundle holding them would not load (imported as
     missing)."""
+    local_parent: bool = False
+    """The span says its parent is a span of its own process (OTLP ``flags``: is-remote known and
+    not set), so that parent must be in the input too: if it is not, it never arrived."""
+
+
+#: OTLP ``Span.flags`` bits: whether the parent is remote is known, and it is.
+_HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
 
 
 #: The nesting a payload may have for its bundle to load (``Trace.load``'s default limit).
@@ -427,11 +434,14 @@ def decode_span(span: Any) -> _Decoded:
         attributes=attributes,
     )
     dropped = _get(span, "droppedAttributesCount", "dropped_attributes_count")
+    flags = span.get("flags", 0)
+    flags = flags if isinstance(flags, int) and not isinstance(flags, bool) else 0
     return _Decoded(
         record,
         b64_trace or b64_span or b64_parent,
         dropped if isinstance(dropped, int) and not isinstance(dropped, bool) else 0,
         tuple(damaged),
+        parent_span_id is not None and flags & (_HAS_IS_REMOTE | _IS_REMOTE) == _HAS_IS_REMOTE,
     )
 
 
@@ -761,6 +771,26 @@ def _index(sources: list[_Source]) -> _Index:
     return index
 
 
+def _orphans(records: list[SpanRecord], local: set[str]) -> list[SpanRecord]:
+    """The spans (runs aside) whose parent is in their own process and never arrived: the
+    application's span they were made in was not exported, or was lost on the way."""
+    ids = {s.span_id for s in records}
+    return [
+        s
+        for s in records
+        if s.span_id in local and s.parent_span_id not in ids and s.stepfork_kind != k.KIND_RUN
+    ]
+
+
+def _within(span: SpanRecord, run: SpanRecord | None) -> bool:
+    """Whether ``span`` may have been part of ``run`` (it started while the run was open); every
+    span may be part of the calls outside runs (``run`` None)."""
+    if run is None:
+        return True
+    end = run.end_time_unix_nano or span.start_time_unix_nano
+    return run.start_time_unix_nano <= span.start_time_unix_nano <= end
+
+
 class _Assembler:
     """Pass 2: parse records in order, buffer spans by trace, hand finished traces on."""
 
@@ -778,6 +808,8 @@ class _Assembler:
         self.building: dict[str, dict[str, SpanRecord]] = {}
         self.lost: dict[str, list[str]] = {}
         self.dropped_attributes: dict[str, int] = {}
+        self.local_parents: dict[str, set[str]] = {}
+        """trace id -> the spans whose parent is in their own process (``_Decoded.local_parent``)."""
         self.seen: dict[str, bool] = {}
         """trace id -> holds a stepfork span (only filled when looking for one trace)."""
         self.in_flight = 0
@@ -850,6 +882,8 @@ class _Assembler:
                 self.seen.setdefault(span.trace_id, False)
             if span.trace_id != self.keep:
                 return
+        if decoded.local_parent:
+            self.local_parents.setdefault(span.trace_id, set()).add(span.span_id)
         if decoded.dropped_attributes:
             self.dropped_attributes[span.trace_id] = (
                 self.dropped_attributes.get(span.trace_id, 0) + decoded.dropped_attributes
@@ -867,6 +901,7 @@ class _Assembler:
         spans = self.building.pop(trace_id, None)
         lost = self.lost.pop(trace_id, None)
         dropped = self.dropped_attributes.pop(trace_id, 0)
+        local = self.local_parents.pop(trace_id, set())
         if spans is None:
             return []
         self.in_flight -= len(spans)
@@ -894,6 +929,7 @@ class _Assembler:
             shown = ", ".join(lost[:3]) + (f" (and {len(lost) - 3} more)" if len(lost) > 3 else "")
             reason = f"spans lost in unreadable input: {shown}"
         runs = top_level_runs(records)
+        orphans = _orphans(records, local)
         parents, kinds = parents_and_kinds(records)
         outside = grouping.calls_outside_runs(parents, kinds, [r.span_id for r in runs])
         if runs and outside:
@@ -907,15 +943,22 @@ class _Assembler:
         traces: list[Trace] = []
         # one bundle per top-level run, as the processor writes them; a trace holding no run is
         # the bundle of its calls outside runs (what a processor with a directory writes)
-        roots: list[str | None] = [r.span_id for r in runs] if runs else [None]
+        roots: list[SpanRecord | None] = list(runs) if runs else [None]
         for root in roots:
+            orphan = next((s for s in orphans if _within(s, root)), None)
+            why = reason  # (a lost line is the likelier cause of a missing span: said first)
+            if orphan is not None and why is None:
+                why = (
+                    f"span {orphan.parent_span_id}, which {orphan.name!r} was made in, never "
+                    "arrived (spans under it may be missing)"
+                )
             try:
                 trace = spans_to_trace(
                     records,
                     redactor=self.redactor,
-                    complete=not lost,
-                    incomplete_reason=reason,
-                    root_span_id=root,
+                    complete=why is None,
+                    incomplete_reason=why,
+                    root_span_id=None if root is None else root.span_id,
                 )
             except Exception as exc:  # one trace that cannot be converted must not stop the rest
                 self._problem(where, f"not imported: {type(exc).__name__}: {exc}")

@@ -23,19 +23,25 @@ import orjson
 
 from stepfork_otel import constants as k
 from stepfork_otel.config import CONFIG
-
-_REQUEST_PARAMS = (
-    ("temperature", k.GEN_AI_REQUEST_TEMPERATURE),
-    ("top_p", k.GEN_AI_REQUEST_TOP_P),
-    ("top_k", k.GEN_AI_REQUEST_TOP_K),
-    ("max_tokens", k.GEN_AI_REQUEST_MAX_TOKENS),
-    ("max_completion_tokens", k.GEN_AI_REQUEST_MAX_TOKENS),
-    ("max_output_tokens", k.GEN_AI_REQUEST_MAX_TOKENS),
-    ("frequency_penalty", k.GEN_AI_REQUEST_FREQUENCY_PENALTY),
-    ("presence_penalty", k.GEN_AI_REQUEST_PRESENCE_PENALTY),
-    ("seed", k.GEN_AI_REQUEST_SEED),
-    ("n", k.GEN_AI_REQUEST_CHOICE_COUNT),
+from stepfork_otel.trace.genai_messages import (
+    Summary,
+    anthropic_response,
+    as_dict,
+    as_list,
+    json_text,
+    openai_response,
+    request_attributes,
+    tool_definitions,
 )
+
+__all__ = [
+    "anthropic_response",
+    "content_captured",
+    "describe",
+    "describe_request",
+    "openai_response",
+    "tool_definitions",
+]
 
 
 #: The values of ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` that put content on spans:
@@ -51,61 +57,11 @@ def content_captured() -> bool:
     return flag in _CONTENT_ON_SPANS and CONFIG.settings.capture_content
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _json(value: Any) -> str:
-    return orjson.dumps(value).decode("utf-8")
-
-
-def request_attributes(body: dict[str, Any]) -> dict[str, Any]:
-    attributes: dict[str, Any] = {}
-    for name, attribute in _REQUEST_PARAMS:
-        value = body.get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            attributes[attribute] = value
-    stop = body.get("stop", body.get("stop_sequences"))
-    if isinstance(stop, str):
-        stop = [stop]
-    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        attributes[k.GEN_AI_REQUEST_STOP_SEQUENCES] = stop
-    if isinstance(body.get("stream"), bool):
-        attributes[k.GEN_AI_REQUEST_STREAM] = body["stream"]
-    return attributes
-
-
 def _parsed(text: str) -> dict[str, Any]:
     try:
-        return _dict(orjson.loads(text))
+        return as_dict(orjson.loads(text))
     except orjson.JSONDecodeError:
         return {}
-
-
-def _events(output: dict[str, Any]) -> list[dict[str, Any]]:
-    return [_dict(_dict(chunk).get("data")) for chunk in _list(output.get(k.STREAM_CHUNKS))]
-
-
-def _output_message(role: Any, parts: list[dict[str, Any]], reason: Any) -> dict[str, Any]:
-    """One ``gen_ai.output.messages`` entry. A reason the response did not give (a stream cut
-    short, a gateway's reply without one) is left out, never ``null``: Phoenix drops every
-    output message of a span when one has ``"finish_reason": null``."""
-    message: dict[str, Any] = {"role": role, "parts": parts}
-    if isinstance(reason, str):
-        message["finish_reason"] = reason
-    return message
-
-
-def _text_part(text: Any) -> dict[str, Any]:
-    return {"type": "text", "content": text}
 
 
 def describe(
@@ -117,7 +73,7 @@ def describe(
     """The attributes of one call; ``response(request body, output record) -> Summary``."""
     request = _parsed(input_text)
     output = _parsed(output_text)
-    body = _dict(request.get("body"))
+    body = as_dict(request.get("body"))
     attributes = request_attributes(body)
     status = output.get("status")
     if isinstance(status, int) and status >= 400:
@@ -148,14 +104,14 @@ def describe(
                 attributes[attribute] = value
     if content_captured():
         if summary.input_messages:
-            attributes[k.GEN_AI_INPUT_MESSAGES] = _json(summary.input_messages)
+            attributes[k.GEN_AI_INPUT_MESSAGES] = json_text(summary.input_messages)
         if summary.system_instructions:
-            attributes[k.GEN_AI_SYSTEM_INSTRUCTIONS] = _json(summary.system_instructions)
+            attributes[k.GEN_AI_SYSTEM_INSTRUCTIONS] = json_text(summary.system_instructions)
         if summary.output_messages:
-            attributes[k.GEN_AI_OUTPUT_MESSAGES] = _json(summary.output_messages)
-        tools = tool_definitions(_list(body.get("tools")))
+            attributes[k.GEN_AI_OUTPUT_MESSAGES] = json_text(summary.output_messages)
+        tools = tool_definitions(as_list(body.get("tools")))
         if tools:
-            attributes[k.GEN_AI_TOOL_DEFINITIONS] = _json(tools)
+            attributes[k.GEN_AI_TOOL_DEFINITIONS] = json_text(tools)
     return attributes
 
 
@@ -172,335 +128,3 @@ def describe_request(provider: str, input_text: str, output_text: str) -> dict[s
     return describe(
         '{"body":' + input_text + "}", '{"status":200,"body":' + output_text + "}", False, response
     )
-
-
-def tool_definitions(tools: list[Any]) -> list[dict[str, Any]]:
-    """The request's tools in the convention's shape, ``{"type", "name", "description",
-    "parameters"}``, from OpenAI Chat Completions (``{"type": "function", "function": {...}}``),
-    Responses (already flat) and Anthropic (``input_schema``, no ``type``) tools. Phoenix validates
-    the whole list and drops it for one item without a ``name``, so a built-in tool that has none
-    (``{"type": "web_search"}``) is named by its type."""
-    definitions: list[dict[str, Any]] = []
-    for item in tools:
-        tool = _dict(item)
-        if not tool:
-            continue
-        nested = _dict(tool.get("function")) if tool.get("type") == "function" else {}
-        source = nested or tool
-        kind = tool.get("type") if isinstance(tool.get("type"), str) else "function"
-        name = source.get("name") if isinstance(source.get("name"), str) else kind
-        definition: dict[str, Any] = {"type": kind, "name": name}
-        if isinstance(source.get("description"), str):
-            definition["description"] = source["description"]
-        parameters = source.get("parameters", source.get("input_schema"))
-        if isinstance(parameters, dict):
-            definition["parameters"] = parameters
-        definitions.append(definition)
-    return definitions
-
-
-class Summary:
-    """What one response says, whatever the API."""
-
-    __slots__ = (
-        "cache_creation",
-        "cache_read",
-        "finish_reasons",
-        "input_messages",
-        "input_tokens",
-        "model",
-        "output_messages",
-        "output_tokens",
-        "response_id",
-        "system_instructions",
-    )
-
-    def __init__(self) -> None:
-        self.response_id: str | None = None
-        self.model: str | None = None
-        self.finish_reasons: list[str] = []
-        self.input_tokens: int | None = None
-        self.output_tokens: int | None = None
-        self.cache_read: int | None = None
-        self.cache_creation: int | None = None
-        self.input_messages: list[dict[str, Any]] = []
-        self.output_messages: list[dict[str, Any]] = []
-        self.system_instructions: list[dict[str, Any]] = []
-
-    def identify(self, source: dict[str, Any]) -> None:
-        if isinstance(source.get("id"), str) and self.response_id is None:
-            self.response_id = source["id"]
-        if isinstance(source.get("model"), str):
-            self.model = source["model"]
-
-
-# --- OpenAI --------------------------------------------------------------------------------------
-
-
-def _openai_message_parts(message: dict[str, Any]) -> list[dict[str, Any]]:
-    parts: list[dict[str, Any]] = []
-    content = message.get("content")
-    if isinstance(content, str):
-        parts.append(_text_part(content))
-    for item in _list(content):
-        item = _dict(item)
-        if item.get("type") in ("text", "input_text", "output_text"):
-            parts.append(_text_part(item.get("text")))
-        elif item:
-            parts.append({"type": str(item.get("type", "unknown"))})
-    for call in _list(message.get("tool_calls")):
-        function = _dict(_dict(call).get("function"))
-        parts.append(
-            {
-                "type": "tool_call",
-                "id": _dict(call).get("id"),
-                "name": function.get("name"),
-                "arguments": function.get("arguments"),
-            }
-        )
-    return parts
-
-
-def _openai_inputs(body: dict[str, Any], summary: Summary) -> None:
-    for message in _list(body.get("messages")):
-        message = _dict(message)
-        role = message.get("role")
-        if role in ("system", "developer"):
-            summary.system_instructions.extend(_openai_message_parts(message))
-        elif role == "tool":
-            summary.input_messages.append(
-                {
-                    "role": "tool",
-                    "parts": [
-                        {
-                            "type": "tool_call_response",
-                            "id": message.get("tool_call_id"),
-                            "response": message.get("content"),
-                        }
-                    ],
-                }
-            )
-        else:
-            summary.input_messages.append({"role": role, "parts": _openai_message_parts(message)})
-    instructions = body.get("instructions")
-    if isinstance(instructions, str):
-        summary.system_instructions.append(_text_part(instructions))
-    responses_input = body.get("input")
-    if isinstance(responses_input, str):
-        summary.input_messages.append({"role": "user", "parts": [_text_part(responses_input)]})
-    for item in _list(responses_input):
-        item = _dict(item)
-        if item.get("type") == "function_call_output":
-            part = {"type": "tool_call_response", "id": item.get("call_id")}
-            summary.input_messages.append(
-                {"role": "tool", "parts": [dict(part, response=item.get("output"))]}
-            )
-        elif item.get("type") == "function_call":
-            summary.input_messages.append({"role": "assistant", "parts": [_responses_call(item)]})
-        elif "role" in item:
-            summary.input_messages.append(
-                {"role": item["role"], "parts": _openai_message_parts(item)}
-            )
-
-
-def _responses_call(item: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "tool_call",
-        "id": item.get("call_id"),
-        "name": item.get("name"),
-        "arguments": item.get("arguments"),
-    }
-
-
-def _openai_usage(usage: dict[str, Any], summary: Summary) -> None:
-    if not usage:
-        return
-    summary.input_tokens = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
-    summary.output_tokens = _int(usage.get("completion_tokens", usage.get("output_tokens")))
-    details = _dict(usage.get("prompt_tokens_details", usage.get("input_tokens_details")))
-    summary.cache_read = _int(details.get("cached_tokens"))
-
-
-def _chat_from_stream(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """The chat completion a stream of chunks delivered."""
-    choices: dict[int, dict[str, Any]] = {}
-    folded: dict[str, Any] = {}
-    for event in events:
-        for key in ("id", "model"):
-            if key in event and key not in folded:
-                folded[key] = event[key]
-        if event.get("usage"):
-            folded["usage"] = event["usage"]
-        for choice in _list(event.get("choices")):
-            choice = _dict(choice)
-            index = _int(choice.get("index")) or 0
-            into = choices.setdefault(
-                index, {"message": {"role": "assistant", "content": ""}, "calls": {}}
-            )
-            delta = _dict(choice.get("delta"))
-            if isinstance(delta.get("content"), str):
-                into["message"]["content"] += delta["content"]
-            for call in _list(delta.get("tool_calls")):
-                call = _dict(call)
-                slot = into["calls"].setdefault(
-                    _int(call.get("index")) or 0,
-                    {"id": None, "function": {"name": "", "arguments": ""}},
-                )
-                slot["id"] = call.get("id") or slot["id"]
-                function = _dict(call.get("function"))
-                slot["function"]["name"] += function.get("name") or ""
-                slot["function"]["arguments"] += function.get("arguments") or ""
-            if choice.get("finish_reason"):
-                into["finish_reason"] = choice["finish_reason"]
-    folded["choices"] = []
-    for index in sorted(choices):
-        into = choices[index]
-        if into["calls"]:
-            into["message"]["tool_calls"] = [into["calls"][i] for i in sorted(into["calls"])]
-        folded["choices"].append(
-            {"message": into["message"], "finish_reason": into.get("finish_reason")}
-        )
-    return folded
-
-
-def openai_response(body: dict[str, Any], output: dict[str, Any]) -> Summary:
-    summary = Summary()
-    _openai_inputs(body, summary)
-    result = _dict(output.get("body"))
-    if k.STREAM_CHUNKS in output and "body" not in output:  # (a body: no event stream)
-        events = _events(output)
-        final = [_dict(e.get("response")) for e in events if "response" in e]
-        result = final[-1] if final else _chat_from_stream(events)
-    summary.identify(result)
-    _openai_usage(_dict(result.get("usage")), summary)
-    for choice in _list(result.get("choices")):  # Chat Completions
-        choice = _dict(choice)
-        reason = choice.get("finish_reason")
-        if isinstance(reason, str):
-            summary.finish_reasons.append(reason)
-        message = _dict(choice.get("message"))
-        summary.output_messages.append(
-            _output_message(
-                message.get("role", "assistant"), _openai_message_parts(message), reason
-            )
-        )
-    parts: list[dict[str, Any]] = []
-    for item in _list(result.get("output")):  # Responses
-        item = _dict(item)
-        if item.get("type") == "message":
-            parts.extend(_openai_message_parts(item))
-        elif item.get("type") == "function_call":
-            parts.append(_responses_call(item))
-    if parts or "output" in result:
-        reason = result.get("status")
-        if isinstance(reason, str):
-            summary.finish_reasons.append(reason)
-        summary.output_messages.append(_output_message("assistant", parts, reason))
-    return summary
-
-
-# --- Anthropic -----------------------------------------------------------------------------------
-
-
-def _anthropic_parts(content: Any) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [_text_part(content)]
-    parts: list[dict[str, Any]] = []
-    for block in _list(content):
-        block = _dict(block)
-        kind = block.get("type")
-        if kind == "text":
-            parts.append(_text_part(block.get("text")))
-        elif kind == "tool_use":
-            parts.append(
-                {
-                    "type": "tool_call",
-                    "id": block.get("id"),
-                    "name": block.get("name"),
-                    "arguments": block.get("input"),
-                }
-            )
-        elif kind == "tool_result":
-            parts.append(
-                {
-                    "type": "tool_call_response",
-                    "id": block.get("tool_use_id"),
-                    "response": block.get("content"),
-                }
-            )
-        elif kind == "thinking":
-            parts.append({"type": "reasoning", "content": block.get("thinking")})
-        elif block:
-            parts.append({"type": str(kind)})
-    return parts
-
-
-def _message_from_stream(events: list[dict[str, Any]]) -> dict[str, Any]:
-    message: dict[str, Any] = {}
-    blocks: dict[int, dict[str, Any]] = {}
-    partial: dict[int, str] = {}
-    usage: dict[str, Any] = {}
-    for event in events:
-        kind = event.get("type")
-        if kind == "message_start":
-            message = dict(_dict(event.get("message")))
-            usage.update(_dict(message.get("usage")))
-        elif kind == "content_block_start":
-            blocks[_int(event.get("index")) or 0] = dict(_dict(event.get("content_block")))
-        elif kind == "content_block_delta":
-            index = _int(event.get("index")) or 0
-            block = blocks.setdefault(index, {"type": "text", "text": ""})
-            delta = _dict(event.get("delta"))
-            if delta.get("type") == "text_delta":
-                block["text"] = str(block.get("text") or "") + str(delta.get("text") or "")
-            elif delta.get("type") == "input_json_delta":
-                partial[index] = partial.get(index, "") + str(delta.get("partial_json") or "")
-            elif delta.get("type") == "thinking_delta":
-                block["thinking"] = str(block.get("thinking") or "") + str(
-                    delta.get("thinking") or ""
-                )
-        elif kind == "message_delta":
-            delta = _dict(event.get("delta"))
-            if delta.get("stop_reason"):
-                message["stop_reason"] = delta["stop_reason"]
-            usage.update({key: v for key, v in _dict(event.get("usage")).items() if v is not None})
-    for index, text in partial.items():
-        try:
-            blocks[index]["input"] = orjson.loads(text) if text else {}
-        except (orjson.JSONDecodeError, KeyError):
-            continue
-    message["content"] = [blocks[i] for i in sorted(blocks)]
-    message["usage"] = usage
-    return message
-
-
-def anthropic_response(body: dict[str, Any], output: dict[str, Any]) -> Summary:
-    summary = Summary()
-    system = body.get("system")
-    summary.system_instructions = _anthropic_parts(system) if system else []
-    for message in _list(body.get("messages")):
-        message = _dict(message)
-        summary.input_messages.append(
-            {"role": message.get("role"), "parts": _anthropic_parts(message.get("content"))}
-        )
-    result = _dict(output.get("body"))
-    if k.STREAM_CHUNKS in output and "body" not in output:  # (a body: no event stream)
-        result = _message_from_stream(_events(output))
-    summary.identify(result)
-    usage = _dict(result.get("usage"))
-    uncached = _int(usage.get("input_tokens"))
-    summary.cache_read = _int(usage.get("cache_read_input_tokens"))
-    summary.cache_creation = _int(usage.get("cache_creation_input_tokens"))
-    if uncached is not None:  # the convention counts cached input tokens as input tokens
-        summary.input_tokens = uncached + (summary.cache_read or 0) + (summary.cache_creation or 0)
-    summary.output_tokens = _int(usage.get("output_tokens"))
-    reason = result.get("stop_reason")
-    if isinstance(reason, str):
-        summary.finish_reasons.append(reason)
-    if "content" in result:
-        summary.output_messages.append(
-            _output_message(
-                result.get("role", "assistant"), _anthropic_parts(result.get("content")), reason
-            )
-        )
-    return summary

@@ -47,6 +47,7 @@ from stepfork_otel.recording.contract import current_session
 from stepfork_otel.recording.integrations import exchange
 from stepfork_otel.recording.integrations.exchange import Http
 from stepfork_otel.recording.streams import StreamStart
+from stepfork_otel.trace.foreign_responses import restreamed
 
 logger = logging.getLogger("stepfork_otel")
 
@@ -200,6 +201,7 @@ def _prepare(call: _SdkCall, http: Http, request: Any) -> Any:
             rebuild_error=lambda error_type, message: http.transport_error(
                 error_type, message, request
             ),
+            restream=lambda record: restreamed(provider.name, recorded, record),
         )
     return None
 

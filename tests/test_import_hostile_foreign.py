@@ -1,0 +1,240 @@
+"""Other instrumentations' spans that are hostile or damaged (issue 23): every span an adapter
+cannot read is named, typed, and the rest of the trace still imports -- whatever the attribute
+values are (cut JSON, wrong types, deep nesting, huge text). A seeded fuzz over GenAI, OpenLLMetry
+and OpenInference spans, through the importer and the conversion; and the replay's projection of
+a live request never fails on a recorded form a hand edit broke."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from stepfork_otel.trace import foreign
+from stepfork_otel.trace.builder import spans_to_trace
+from stepfork_otel.trace.canonical import canonical_json
+from stepfork_otel.trace.conversion import SpanRecord
+from stepfork_otel.trace.foreign_request import live_arguments, live_form
+from stepfork_otel.trace.models import LlmRequest
+from stepfork_otel.trace.otlp import ImportReport, iter_traces_from_otlp_json
+from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
+
+GOOD = {
+    "gen_ai.operation.name": "chat",
+    "gen_ai.provider.name": "openai",
+    "gen_ai.request.model": "gpt-4o",
+    "gen_ai.request.temperature": 0.0,
+    "gen_ai.input.messages": json.dumps(
+        [{"role": "user", "parts": [{"type": "text", "content": "hi"}]}]
+    ),
+    "gen_ai.output.messages": json.dumps(
+        [
+            {
+                "role": "assistant",
+                "parts": [{"type": "text", "content": "hello"}],
+                "finish_reason": "stop",
+            }
+        ]
+    ),
+    "gen_ai.tool.definitions": json.dumps([{"type": "function", "name": "f", "parameters": {}}]),
+    "gen_ai.usage.input_tokens": 3,
+    "gen_ai.usage.output_tokens": 2,
+}
+TOOL = {
+    "gen_ai.operation.name": "execute_tool",
+    "gen_ai.tool.name": "f",
+    "gen_ai.tool.call.arguments": '{"a": 1}',
+    "gen_ai.tool.call.result": "ok",
+}
+FLAT = {
+    "llm.request.type": "chat",
+    "gen_ai.system": "openai",
+    "gen_ai.request.model": "gpt-4o",
+    "gen_ai.prompt.0.role": "user",
+    "gen_ai.prompt.0.content": "hi",
+    "gen_ai.completion.0.role": "assistant",
+    "gen_ai.completion.0.content": "hello",
+    "gen_ai.completion.0.tool_calls.0.name": "f",
+    "gen_ai.completion.0.tool_calls.0.arguments": '{"a": 1}',
+}
+OPENINFERENCE = {
+    "openinference.span.kind": "LLM",
+    "llm.system": "openai",
+    "input.value": json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}),
+    "input.mime_type": "application/json",
+    "output.value": json.dumps({"id": "c", "object": "chat.completion", "choices": []}),
+    "output.mime_type": "application/json",
+}
+OI_TOOL = {
+    "openinference.span.kind": "TOOL",
+    "tool.name": "f",
+    "input.value": '{"a": 1}',
+    "output.value": "ok",
+}
+HOSTILE_VALUES: list[Any] = [
+    None,
+    "",
+    "[",
+    '{"role": ',
+    "[" * 3000 + "]" * 3000,
+    "x" * 100_000,
+    '[{"role": 1, "parts": "no"}]',
+    '[{"parts": [{"type": "tool_call", "arguments": "{not json"}]}]',
+    '[{"parts": [{"type": "text", "content": {"nested": [1, 2]}}]}]',
+    '[null, 1, "a", []]',
+    '{"not": "a list"}',
+    12,
+    -1,
+    True,
+    3.5,
+    ["a", "b"],
+    [1, None],
+]
+NAME = "name"
+
+
+def span(span_id: str, start: int, attrs: dict[str, Any], name: str = "chat gpt-4o") -> SpanRecord:
+    return SpanRecord(
+        trace_id="ef" * 16,
+        span_id=span_id,
+        parent_span_id="0" * 16,
+        name=name,
+        start_time_unix_nano=start,
+        end_time_unix_nano=start + 1,
+        status="ok",
+        attributes=attrs,
+    )
+
+
+def mutated(rng: random.Random, base: dict[str, Any]) -> dict[str, Any]:
+    attrs = dict(base)
+    for _ in range(rng.randint(1, 3)):
+        key = rng.choice([*base, "gen_ai.prompt.7.content", "gen_ai.completion.0.finish_reason"])
+        value = rng.choice(HOSTILE_VALUES)
+        if value is None:
+            attrs.pop(key, None)
+        else:
+            attrs[key] = value
+    return attrs
+
+
+def test_fuzzed_spans_never_stop_the_import_of_the_rest_of_their_trace() -> None:
+    rng = random.Random(23)
+    bases = [GOOD, TOOL, FLAT, OPENINFERENCE, OI_TOOL]
+    names = ["chat gpt-4o", "execute_tool f", "openai.chat", "ChatCompletion", "f"]
+    for _ in range(300):
+        root = SpanRecord(
+            "ef" * 16, "0" * 16, None, "root", start_time_unix_nano=0, end_time_unix_nano=99
+        )
+        spans = [root]
+        for n in range(rng.randint(1, 4)):
+            which = rng.randrange(len(bases))
+            spans.append(span(f"{n + 1:016x}", n + 1, mutated(rng, bases[which]), names[which]))
+        spans.append(span("f" * 16, 50, dict(GOOD)))  # one good call after the damage
+        adopted = foreign.adopt(spans, DEFAULT_REDACTOR)
+        assert adopted is not None
+        trace = spans_to_trace(adopted.records, redactor=DEFAULT_REDACTOR)
+        last = trace.calls[-1]
+        assert isinstance(last, LlmRequest)
+        assert last.span_id == "f" * 16
+        assert last.input is not None
+        assert trace.outcome_of(last) is not None
+        for note in adopted.notes:
+            assert note.startswith("span "), note  # named per span
+
+
+def test_a_cut_messages_attribute_is_named_with_the_length_limit() -> None:
+    cut = dict(GOOD, **{"gen_ai.input.messages": GOOD["gen_ai.input.messages"][:20]})
+    adopted = foreign.adopt([span("1" * 16, 1, cut)], DEFAULT_REDACTOR)
+    assert adopted is not None
+    (note,) = adopted.notes
+    assert "input missing -- gen_ai.input.messages is cut or not JSON" in note
+    assert "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT" in note
+
+
+def test_hostile_spans_in_an_otlp_file_import_with_their_problems_named(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    otlp_spans = []
+    for n in range(40):
+        attrs = mutated(rng, GOOD)
+        otlp_spans.append(
+            {
+                "traceId": "ef" * 16,
+                "spanId": f"{n + 1:016x}",
+                "parentSpanId": "a" * 16,
+                "name": "chat gpt-4o",
+                "startTimeUnixNano": str(n + 1),
+                "endTimeUnixNano": str(n + 2),
+                "attributes": [{"key": k, "value": _any(v)} for k, v in attrs.items()],
+            }
+        )
+    otlp_spans.append(
+        {
+            "traceId": "ef" * 16,
+            "spanId": "a" * 16,
+            "name": "root",
+            "startTimeUnixNano": "0",
+            "endTimeUnixNano": "99",
+        }
+    )
+    path = tmp_path / "spans.jsonl"
+    path.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": otlp_spans}]}]}))
+    report = ImportReport()
+    (trace,) = iter_traces_from_otlp_json(path, report=report)
+    kept = [c for c in trace.context if c.name == "chat gpt-4o"]  # no longer a chat span
+    assert len(trace.calls) + len(kept) == 40
+    named = "\n".join(p.message for p in report.problems)
+    assert "span 41 skipped" not in named, named
+    for call in trace.calls:  # every call the import could not take whole is named
+        if call.input is None or trace.outcome_of(call) is None:
+            assert f"span {call.span_id} (chat gpt-4o, call {call.seq} of the trace)" in named
+
+
+def _any(value: Any) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        return {"doubleValue": value}
+    if isinstance(value, list):
+        return {"arrayValue": {"values": [_any(v) for v in value if v is not None]}}
+    return {"stringValue": value}
+
+
+def test_the_live_projection_never_fails_on_a_broken_recorded_form() -> None:
+    live = {
+        "url": "chat/completions",
+        "body": {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+    }
+    for recorded in [
+        None,
+        1,
+        "x",
+        [],
+        {"messages": 3},
+        {"tail": "2"},
+        {"tail": -1},
+        {"params": [1]},
+        {"messages": [None, {"parts": 5}]},
+        {"tools": None},
+    ]:
+        canonical_json(live_form("openai", live, recorded))
+        canonical_json(live_form("openai", recorded, {"messages": []}))
+        canonical_json(live_arguments(recorded, {"a": 1}))
+
+
+def test_a_messages_only_call_whose_input_is_not_a_form_makes_the_bundle_invalid() -> None:
+    from stepfork_otel.trace.checks import validate_structure
+
+    adopted = foreign.adopt([span("1" * 16, 1, dict(GOOD))], DEFAULT_REDACTOR)
+    assert adopted is not None
+    trace = spans_to_trace(adopted.records, redactor=DEFAULT_REDACTOR)
+    assert validate_structure(trace) == []
+    call = trace.calls[0]
+    broken = trace.model_copy(
+        update={"events": [call.model_copy(update={"input": '{"body": {}}'}), *trace.events[1:]]}
+    )
+    (problem,) = validate_structure(broken)
+    assert problem.message == "fidelity messages-only but the input is not a request form"
