@@ -64,15 +64,26 @@ def recorded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     return agent, bundle, result["result"]
 
 
-def test_a_fork_sends_only_the_calls_from_the_fork_point(recorded: Any) -> None:
+@pytest.fixture(scope="module")
+def fork_run(recorded: Any) -> Any:
+    """The recorded run forked at call 3 onto the answer model (server up): (agent, bundle,
+    what the recorded run returned, the fork's bundle, what the fork wrote, the models the
+    server was asked for, the stopped server's URL)."""
     agent, bundle, original = recorded
     fork_path = bundle.with_name("fork.sftrace")
     model = ANSWER_MODEL[agent]
     with FakeLLM() as llm:
-        forked = run_fork_agent(
-            agent, f"fork:at=3,to={fork_path},model={model}", bundle, url_of(llm, agent), "fork"
+        url = url_of(llm, agent)
+        result = run_fork_agent(
+            agent, f"fork:at=3,to={fork_path},model={model}", bundle, url, "fork"
         )
         sent = [r["body"]["model"] for r in llm.requests]
+    return agent, bundle, original, fork_path, result, sent, url
+
+
+def test_a_fork_sends_only_the_calls_from_the_fork_point(fork_run: Any) -> None:
+    agent, bundle, original, fork_path, forked, sent, _ = fork_run
+    model = ANSWER_MODEL[agent]
     assert "raised" not in forked, forked
     assert sent == [model, model]  # call 1 was served from the recording, never sent
     result = forked["result"]
@@ -99,15 +110,9 @@ def test_a_fork_sends_only_the_calls_from_the_fork_point(recorded: Any) -> None:
     assert "NOTAREALKEY" not in fork_path.read_text()
 
 
-def test_the_fork_bundle_replays_frozen_on_its_own(recorded: Any) -> None:
-    agent, bundle, _ = recorded
-    fork_path = bundle.with_name("fork-again.sftrace")
+def test_the_fork_bundle_replays_frozen_on_its_own(fork_run: Any) -> None:
+    agent, _, _, fork_path, forked, _, url = fork_run
     model = ANSWER_MODEL[agent]
-    with FakeLLM() as llm:
-        forked = run_fork_agent(
-            agent, f"fork:at=3,to={fork_path},model={model}", bundle, url_of(llm, agent), "fork2"
-        )
-        url = url_of(llm, agent)
     # the server is stopped: a request would fail (and the network guard refuses it first)
     replayed = run_fork_agent(agent, f"replay:model={model}", fork_path, url, "replay")
     assert "raised" not in replayed, replayed
