@@ -303,15 +303,33 @@ def ratio_rows(
     return out
 
 
-def per_call(fn: Callable[[], None], calls: int) -> Callable[[], float]:
-    """Wrap ``fn`` (which makes ``calls`` calls) into a measurement in seconds per call."""
+def per_call(
+    fn: Callable[[], None], calls: int, clock: Callable[[], float] = time.perf_counter
+) -> Callable[[], float]:
+    """Wrap ``fn`` (which makes ``calls`` calls) into a measurement in seconds per call;
+    ``clock``: wall time by default, ``time.thread_time`` for the CPU time of this thread."""
 
     def measure() -> float:
-        start = time.perf_counter()
+        start = clock()
         fn()
-        return (time.perf_counter() - start) / calls
+        return (clock() - start) / calls
 
     return measure
+
+
+def over(
+    fn: Callable[[Any], object],
+    items: Sequence[Any],
+    clock: Callable[[], float] = time.perf_counter,
+) -> Callable[[], float]:
+    """A measurement of ``fn`` applied to each item, in seconds per item (a step of a
+    per-component budget, timed alone on the payloads the whole call works on)."""
+
+    def work() -> None:
+        for item in items:
+            fn(item)
+
+    return per_call(work, len(items), clock)
 
 
 def fmt_us(seconds: float) -> str:
@@ -334,6 +352,62 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+# --- SDK calls against the loopback fake API (examples/fake_llm.py) ----------------------------
+
+
+def echo_prompt(size: int) -> str:
+    """A user message that the loopback fake API answers with a completion of ``size`` bytes
+    (it echoes the last user text after ``"You said: "``): prose, as a chat message is."""
+    rng = random.Random(size)
+    text = ""
+    while len(text) < size:
+        text += _sentence(rng, 12) + ". "
+    return text[: size - len("You said: ")]
+
+
+def timed_calls(name: str, work: Callable[[], object], calls: int) -> dict[str, float]:
+    """Run ``work`` (which makes ``calls`` calls) and return, per call, its wall time as the
+    series ``name`` and the CPU time of the whole process as ``name + " cpu"``: every thread's
+    -- the SDK's, the loopback server's, a bundle writer's or a span exporter's -- so that work
+    an instrumentation moves to a thread of its own is still counted, and a share is one
+    subtraction from the uninstrumented call (whose server work is the same)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    work()
+    return {
+        name: (time.perf_counter() - wall) / calls,
+        f"{name} cpu": (time.process_time() - cpu) / calls,
+    }
+
+
+def openai_http_library() -> Any:
+    """The HTTP library the installed openai sends through: ``httpx2``, or ``httpx`` (1.x)."""
+    import importlib
+
+    import openai
+
+    client_class = next(c for c in openai.DefaultHttpxClient.__mro__[1:] if c.__name__ == "Client")
+    return importlib.import_module(client_class.__module__.split(".")[0])
+
+
+def in_memory_openai(base_url: str, body: bytes, headers: dict[str, str]) -> Any:
+    """An OpenAI client whose HTTP library answers every request with ``body`` from memory,
+    through its ``MockTransport``: the SDK's own work for a call that sends nothing -- what any
+    replay of it cannot avoid."""
+    import openai
+
+    http = openai_http_library()
+
+    def answer(request: Any) -> Any:
+        return http.Response(200, headers=headers, content=body)
+
+    return openai.OpenAI(
+        base_url=base_url,
+        api_key="sk-bench",
+        max_retries=0,
+        http_client=openai.DefaultHttpxClient(transport=http.MockTransport(answer)),
+    )
 
 
 # --- scratch space ----------------------------------------------------------------------------
@@ -534,15 +608,15 @@ def run_child(mode: str, path: Path, *extra: str) -> dict[str, Any]:
     return run_module("benchmarks._child", mode, str(path), *extra)
 
 
-def run_module(module: str, *args: str) -> dict[str, Any]:
-    """``python -m module args`` in a fresh interpreter (from the project root); its last line of
-    output is the JSON of what it measured."""
+def run_module(module: str, *args: str, python: str | None = None) -> dict[str, Any]:
+    """``python -m module args`` in a fresh interpreter (from the project root; ``python``: another
+    interpreter than this one); its last line of output is the JSON of what it measured."""
     import json
     import subprocess
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", module, *args],
+        [python or sys.executable, "-m", module, *args],
         cwd=_ROOT,
         capture_output=True,
         text=True,

@@ -444,7 +444,7 @@ def check_bundle(path: Path, agent: Callable[..., Any], question: str) -> Outcom
             verify_integrity(trace)
             style = Style(io.StringIO())
             show_cmd.run_lines(trace, style, False)
-            show_cmd.call_tree(trace, style, True)
+            show_cmd.call_tree(show_cmd.call_rows(trace, True), style, True)
             with ReplaySession.from_trace(trace):
                 result = agent(question)
                 if hasattr(result, "__await__"):

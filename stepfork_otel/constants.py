@@ -62,6 +62,11 @@ OUTPUT_OMITTED: Final = "stepfork.output.omitted"
 OUTPUT_PREVIEW: Final = "stepfork.output.preview"
 #: Outcome of the call: ``ok``, ``error`` or ``skipped`` (rejected before its body ran).
 STATUS: Final = "stepfork.status"
+#: Why the call cannot be replayed, when a payload had no JSON form and was recorded as the
+#: ``$unserialisable`` marker: ``input: <what>`` or ``output: <what>`` (a tool's input names the
+#: parameters, e.g. ``input: parameter 'ctx' (mod.Context): mod.Client``). A run holding such a
+#: call is not complete: it cannot be replayed whole.
+UNREPLAYABLE: Final = "stepfork.unreplayable"
 #: Qualified type name of the exception the call raised.
 ERROR_TYPE: Final = "stepfork.error.type"
 #: The exception message after redaction.

@@ -11,6 +11,7 @@ Run as ``python tests/sdk_agents.py SCENARIO record|replay BUNDLE OUT.json URL``
 from __future__ import annotations
 
 import asyncio
+import datetime
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -244,12 +245,97 @@ def anthropic_async(url: str) -> list[Any]:
     return asyncio.run(run())
 
 
+# --- raw responses (with_raw_response / with_streaming_response) --------------------------------
+
+
+def raw_seen(raw: Any, body: Any) -> dict[str, Any]:
+    """What an agent reads off a raw response (an SDK ``APIResponse``), after reading ``body``
+    (its ``parse()``, its lines): ``elapsed`` is read last, once the response is read or closed,
+    as the SDK allows."""
+    elapsed = raw.elapsed
+    return {
+        "status": raw.status_code,
+        "request id": raw.headers.get("x-request-id") or raw.headers.get("request-id"),
+        "content type": raw.headers.get("content-type"),
+        "request": [raw.http_request.method, raw.http_request.url.path],
+        "retries taken": raw.retries_taken,
+        "body": seen(body),
+        "closed": raw.is_closed,
+        "elapsed": [type(elapsed).__name__, elapsed >= datetime.timedelta(0)],
+    }
+
+
+def openai_raw(url: str) -> list[Any]:
+    import openai
+
+    client = openai.OpenAI(base_url=url, api_key="sk-test", max_retries=0)
+    chat = client.chat.completions
+    out: list[Any] = []
+    raw = chat.with_raw_response.create(model="gpt-4o", messages=messages("raw"))
+    out.append(raw_seen(raw, raw.parse()))
+    with chat.with_streaming_response.create(model="gpt-4o", messages=messages("one")) as raw:
+        out.append(raw_seen(raw, raw.parse()))
+    with chat.with_streaming_response.create(
+        model="gpt-4o", messages=messages("lines of a stream"), stream=True
+    ) as raw:
+        out.append(raw_seen(raw, [line for line in raw.iter_lines() if line]))
+    raw = client.responses.with_raw_response.create(model="gpt-4o", input="raw responses")
+    out.append(raw_seen(raw, raw.parse()))
+
+    async def run() -> list[Any]:
+        client = openai.AsyncOpenAI(base_url=url, api_key="sk-test", max_retries=0)
+        chat = client.chat.completions
+        out: list[Any] = []
+        raw = await chat.with_raw_response.create(model="gpt-4o", messages=messages("async"))
+        out.append(raw_seen(raw, raw.parse()))  # (openai's raw response parses synchronously)
+        async with chat.with_streaming_response.create(
+            model="gpt-4o", messages=messages("async stream"), stream=True
+        ) as raw:
+            stream = await raw.parse()  # the SDK's AsyncStream over the response
+            out.append(raw_seen(raw, [chunk async for chunk in stream]))
+        return out
+
+    return out + asyncio.run(run())
+
+
+def anthropic_raw(url: str) -> list[Any]:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=url, api_key="sk-ant-test", max_retries=0)
+    out: list[Any] = []
+    raw = client.messages.with_raw_response.create(
+        model="claude-sonnet-4-5", max_tokens=50, messages=messages("raw")
+    )
+    out.append(raw_seen(raw, raw.parse()))
+    with client.messages.with_streaming_response.create(
+        model="claude-sonnet-4-5", max_tokens=50, messages=messages("raw stream"), stream=True
+    ) as raw:
+        out.append(raw_seen(raw, [line for line in raw.iter_lines() if line]))
+
+    async def run() -> list[Any]:
+        client = anthropic.AsyncAnthropic(base_url=url, api_key="sk-ant-test", max_retries=0)
+        out: list[Any] = []
+        raw = await client.messages.with_raw_response.create(
+            model="claude-haiku-4-5", max_tokens=50, messages=messages("async raw")
+        )
+        out.append(raw_seen(raw, await raw.parse()))
+        async with client.messages.with_streaming_response.create(
+            model="claude-haiku-4-5", max_tokens=50, messages=messages("async one")
+        ) as raw:
+            out.append(raw_seen(raw, await raw.parse()))
+        return out
+
+    return out + asyncio.run(run())
+
+
 SCENARIOS: dict[str, Callable[[str], list[Any]]] = {
     "openai_sync": openai_sync,
     "openai_async": openai_async,
     "openai_timeout": openai_timeout,
     "anthropic_sync": anthropic_sync,
     "anthropic_async": anthropic_async,
+    "openai_raw": openai_raw,
+    "anthropic_raw": anthropic_raw,
 }
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
+from benchmarks import bench_sdk
 from benchmarks import run as bench_run
 
 #: Only a hang should reach this (see the module docstring).
@@ -65,6 +66,78 @@ def test_record_section_reports_each_payload_size(quick_results: str) -> None:
     for size in ("200 B", "2,000 B", "20,000 B"):
         row = next(line for line in section.splitlines() if line.startswith(f"| {size} |"))
         assert re.search(r"\*\*\d+\.\d\dx\*\*", row), row  # the ratio against a bare span
+
+
+def _section(results: str, title: str) -> str:
+    return results.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+
+
+def _row(section: str, label: str) -> str:
+    return next(line for line in section.splitlines() if line.startswith(f"| {label}"))
+
+
+def test_replay_section_has_a_per_component_budget(quick_results: str) -> None:
+    section = _section(quick_results, "Replay:")
+    budget = section.split("### Where a frozen replayed call's time goes", 1)[1]
+    for size, target in (("2,000 B", "2x"), ("20,000 B", "5x")):
+        part = budget.split(f"#### {size}", 1)[1].split("####", 1)[0]
+        for label in (
+            "**the whole frozen replayed call**",
+            "baseline: bare SDK span, 8 attributes",
+            "**span**",
+            "**arguments**",
+            "**input capture**",
+            "**matching**",
+            "**substitution**",
+            "**session bookkeeping**",
+            "**boundary, the rest**",
+            "**processor + hand-off**",
+            "**processor, the replay recorded**",
+            "**writer**",
+        ):
+            assert re.search(r"\| -?[\d,]+\.\d µs \| -?\d+\.\d\dx \|", _row(part, label)), label
+        line = next(x for x in part.splitlines() if x.startswith("Frozen replay per call at"))
+        assert re.search(
+            rf"\*\*\d+\.\d\dx\*\* a bare span \(target <= {target}: \*\*(met|MISSED)", line
+        )
+
+
+def test_sdk_section_has_the_recording_anchor(quick_results: str) -> None:
+    section = _section(quick_results, "SDK integration:")
+    for label in ("**stepfork**: `instrument_openai()`, recorded", "**openinference**"):
+        assert re.search(r"\| [+-][\d,]+\.\d µs \|$", _row(section, label)), label  # its CPU share
+    # (n/a: openinference's share was not above zero in a quick run's noise)
+    assert re.search(r"Recording: stepfork adds -?[\d,.]+ µs .*\*\*(\d+\.\d\dx|n/a)\*\*", section)
+
+
+def test_sdk_section_has_the_cassette_anchor_or_says_how_to_make_it(quick_results: str) -> None:
+    section = _section(quick_results, "SDK integration:")
+    anchor = section.split("### Against vcrpy", 1)[1]
+    python, _ = bench_sdk.vcr_python()  # what the quick run found (same checkout, same env)
+    if python is None:
+        assert bench_sdk.VCR_SETUP in anchor
+        assert "Not measured" in anchor
+        return
+    for label in ("**stepfork**", "**vcrpy**", "vcrpy: a cassette of one exchange"):
+        assert re.search(r"\| [+-][\d,]+\.\d µs \|$", _row(anchor, label)), label
+    assert re.search(r"CPU: \*\*\d+\.\d\dx\*\* vcrpy's cheapest", anchor)
+
+
+def test_cassette_anchor_without_its_interpreter_says_how_to_make_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(bench_sdk.VCR_PYTHON_ENV, raising=False)
+    monkeypatch.setattr(bench_sdk, "VCR_VENV", tmp_path / "no-venv" / "bin" / "python")
+    text = "\n".join(bench_sdk._cassette_anchor(calls=1, rounds=1))
+    assert "Not measured: no `.venv-vcr`" in text
+    assert f"`{bench_sdk.VCR_SETUP}`" in text
+    assert bench_sdk.VCR_PYTHON_ENV in text
+    monkeypatch.setenv(bench_sdk.VCR_PYTHON_ENV, str(tmp_path / "missing-python"))
+    text = "\n".join(bench_sdk._cassette_anchor(calls=1, rounds=1))
+    assert (
+        f"Not measured: `{bench_sdk.VCR_PYTHON_ENV}={tmp_path / 'missing-python'}` is not a file"
+        in text
+    )
 
 
 def test_quick_mode_never_overwrites_the_committed_results(

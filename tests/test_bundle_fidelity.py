@@ -365,7 +365,8 @@ def test_validate_names_each_call_recorded_as_unserialisable(unserialisable_bund
         "call-1: tool words: its output could not be serialised when recorded "
         "(builtins.generator: builtins.generator), so replay cannot substitute it",
         "call-3: tool measure: its input could not be serialised when recorded "
-        f"(builtins.dict: {__name__}.Opaque), so replay cannot check a call against it",
+        f"(builtins.dict: parameter 'handle': {__name__}.Opaque), so replay cannot check a call "
+        "against it",
     ]
     for flags in ((), ("--verify-integrity",)):
         result = stepfork("validate", unserialisable_bundle, *flags)

@@ -52,6 +52,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
         ("openai_async", "openai"),
         ("anthropic_sync", "anthropic"),
         ("anthropic_async", "anthropic"),
+        ("openai_raw", "openai"),
+        ("anthropic_raw", "anthropic"),
     ],
 )
 def test_an_sdk_agent_replays_offline_seeing_exactly_what_it_saw_live(
@@ -112,3 +114,24 @@ def test_a_connection_failure_replays_as_the_sdk_connection_error(runs: Any) -> 
     assert len(errors) == 2  # the first attempt and its retry
     library, name = errors[0].error_type.rsplit(".", 1)
     assert (library, name) in {("httpx2", "ConnectError"), ("httpx", "ConnectError")}
+
+
+@pytest.mark.parametrize(
+    ("scenario", "kind"), [("openai_raw", "openai"), ("anthropic_raw", "anthropic")]
+)
+def test_replayed_raw_responses_behave_as_read_ones(scenario: str, kind: str, runs: Any) -> None:
+    """``with_raw_response`` / ``with_streaming_response``, sync and async: status, headers,
+    the request, ``parse()``, the lines of a stream, and ``elapsed`` -- which raised in replay
+    ("may only be accessed after the response has been read or closed") because a response
+    built from the recording had never been sent."""
+    recorded, replayed, _, _, _ = runs(scenario, kind)
+    assert replayed["result"] == recorded["result"]
+    for seen in replayed["result"]:
+        assert seen["elapsed"] == ["timedelta", True]
+        assert seen["closed"] is True
+        assert seen["status"] == 200
+        assert seen["request"][0] == "POST"
+        assert seen["body"]  # parsed, or the stream's lines
+    content_types = [seen["content type"] for seen in replayed["result"]]
+    assert "text/event-stream" in content_types
+    assert "application/json" in content_types

@@ -276,7 +276,7 @@ _POK = inspect.Parameter.POSITIONAL_OR_KEYWORD
 
 
 @st.composite
-def _plain_signatures(draw: st.DrawFn) -> tuple[inspect.Signature, bool]:
+def _plain_signatures(draw: st.DrawFn) -> tuple[inspect.Signature, frozenset[str]]:
     names = draw(st.lists(st.sampled_from("abcdef"), max_size=5, unique=True))
     if draw(st.booleans()):
         names = [draw(st.sampled_from(("self", "cls"))), *names]
@@ -291,8 +291,12 @@ def _plain_signatures(draw: st.DrawFn) -> tuple[inspect.Signature, bool]:
         )
         for i, name in enumerate(names)
     ]
-    skip_first = bool(names) and draw(st.booleans())
-    return inspect.Signature(params), skip_first
+    # left out: the first parameter (self/cls) or not, and any others (excluded, framework
+    # context), and names that are no parameter at all
+    leave_out = set(draw(st.lists(st.sampled_from([*names, "zz"]), max_size=3)))
+    if names and draw(st.booleans()):
+        leave_out.add(names[0])
+    return inspect.Signature(params), frozenset(leave_out)
 
 
 @st.composite
@@ -306,43 +310,44 @@ def _calls(draw: st.DrawFn, signature: inspect.Signature) -> tuple[tuple[Any, ..
 
 
 def _bound(
-    signature: inspect.Signature, skip_first: bool, args: tuple[Any, ...], kwargs: dict[str, Any]
+    signature: inspect.Signature,
+    leave_out: frozenset[str],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> dict[str, Any] | TypeError:
-    """The obvious version: bind, apply the defaults, leave out the first parameter."""
+    """The obvious version: bind, apply the defaults, leave out the parameters left out."""
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:
         return exc
     bound.apply_defaults()
     arguments = dict(bound.arguments)
-    if skip_first:
-        del arguments[next(iter(signature.parameters))]
-    return arguments
+    return {name: value for name, value in arguments.items() if name not in leave_out}
 
 
 @_settings(1000)
 @given(data=st.data(), shape=_plain_signatures())
 def test_simple_binder_agrees_with_signature_bind(
-    data: st.DataObject, shape: tuple[inspect.Signature, bool]
+    data: st.DataObject, shape: tuple[inspect.Signature, frozenset[str]]
 ) -> None:
-    signature, skip_first = shape
-    binder = simple_binder(signature, skip_first)
+    signature, leave_out = shape
+    binder = simple_binder(signature, leave_out)
     assert binder is not None  # every parameter is positional-or-keyword
     for _ in range(4):
         args, kwargs = data.draw(_calls(signature))
-        expected = _bound(signature, skip_first, args, kwargs)
+        expected = _bound(signature, leave_out, args, kwargs)
         fast = binder(args, dict(kwargs))
         if isinstance(expected, TypeError):
             # not a plain call: the binder gives up, and the fallback raises what bind raises
             assert fast is None
             with pytest.raises(TypeError) as raised:
-                bind_arguments(signature, skip_first, args, dict(kwargs))
+                bind_arguments(signature, leave_out, args, dict(kwargs))
             assert str(raised.value) == str(expected)
         else:
             # a call bind accepts is a plain call: the binder answers, with the same mapping
             assert fast is not None
             assert list(fast.items()) == list(expected.items())  # key order included
-            assert list(bind_arguments(signature, skip_first, args, dict(kwargs)).items()) == list(
+            assert list(bind_arguments(signature, leave_out, args, dict(kwargs)).items()) == list(
                 expected.items()
             )
 

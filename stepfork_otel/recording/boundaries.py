@@ -25,8 +25,17 @@ import functools
 import inspect
 import json
 import logging
+import re
 import typing
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+)
 from dataclasses import dataclass
 from typing import Any, Literal, ParamSpec, TypeVar, overload
 
@@ -38,7 +47,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors, internal_error, log_internal_error
 from stepfork_otel.config import CONFIG
-from stepfork_otel.recording.arguments import bind_arguments, simple_binder
+from stepfork_otel.recording.arguments import ToolArguments, tool_arguments, unknown_names
 from stepfork_otel.recording.contract import (
     BoundaryCall,
     ReplayDecision,
@@ -68,7 +77,11 @@ from stepfork_otel.recording.streams import (
     stream_head,
     stream_value,
 )
-from stepfork_otel.trace.canonical import UNSERIALISABLE_MARKER, model_fingerprint
+from stepfork_otel.trace.canonical import (
+    UNSERIALISABLE_MARKER,
+    model_fingerprint,
+    unserialisable_marker,
+)
 from stepfork_otel.trace.models import label, payload_value
 from stepfork_otel.trace.payload import Payload, capture, exception_message, qualified_name
 from stepfork_otel.trace.policy import ReplayPolicy
@@ -120,25 +133,59 @@ def _captured_input(value: Any) -> tuple[Payload, Replayer | None]:
 
 
 _warned_unreplayable: set[tuple[str, str, str, str]] = set()
+_PARAMETER = re.compile(r"parameter '([^']+)'")
+"""A parameter named in a tool input's marker (see :func:`_tool_input`)."""
 
 
-def _warn_unreplayable(call: BoundaryCall, what: str, payload: Payload) -> None:
+def _unreplayable(call: BoundaryCall, what: str, payload: Payload) -> dict[str, Any]:
     """A value with no JSON form is recorded as a marker, and the call cannot be replayed from
-    it: say so while recording (once per call site and type), not first at replay."""
-    # the marker says "<type of the value>: <what could not be encoded>"; the last part names it
-    why = str(payload_value(payload.text).get(UNSERIALISABLE_MARKER, "")).rsplit(": ", 1)[-1]
+    it: say so while recording (once per call site and reason), not first at replay, and put
+    it on the span (:data:`~stepfork_otel.constants.UNREPLAYABLE`), so that the run's bundle
+    does not claim to be complete."""
+    # the marker says "<type of the value>: <what could not be encoded>"
+    why = _marker_reason(payload).partition(": ")[2]
     key = (call.kind, call.name, what, why)
-    if key in _warned_unreplayable:
-        return
-    _warned_unreplayable.add(key)
-    logger.warning(
-        "stepfork_otel: the %s of %s has no JSON form (%s); it is recorded as unserialisable "
-        "and this call cannot be replayed -- return JSON-encodable values, pydantic models or "
-        "dataclasses",
-        what,
-        label(call.kind, call.name, call.provider, call.model),
-        why,
-    )
+    if key not in _warned_unreplayable:
+        _warned_unreplayable.add(key)
+        parameters = _PARAMETER.findall(why) if what == "input" and call.kind == "tool" else []
+        advice = (
+            f"if {'it is' if len(parameters) == 1 else 'they are'} not the tool's input, leave "
+            f"{'it' if len(parameters) == 1 else 'them'} out: "
+            f"@trace_tool(exclude={tuple(parameters)!r})"
+            if parameters
+            else "return JSON-encodable values, pydantic models or dataclasses"
+        )
+        logger.warning(
+            "stepfork_otel: the %s of %s has no JSON form (%s); it is recorded as "
+            "unserialisable and this call cannot be replayed -- %s",
+            what,
+            label(call.kind, call.name, call.provider, call.model),
+            why,
+            advice,
+        )
+    return {k.UNREPLAYABLE: f"{what}: {why}"}
+
+
+def _tool_input(arguments: dict[str, Any], payload: Payload) -> Payload:
+    """A tool input with no JSON form, recorded as the marker naming the parameters at fault
+    (the whole input's marker names only the innermost value that failed -- a provider object
+    deep inside pydantic-ai's ``RunContext`` -- which says nothing of where it came from)."""
+    redactor = CONFIG.settings.redactor
+    faults = []
+    for name, value in arguments.items():
+        part = capture(value, redactor)
+        if part.unserialisable:
+            kind, _, reason = _marker_reason(part).partition(": ")
+            shown = f"{name!r}" if reason in ("", kind) else f"{name!r} ({kind})"
+            faults.append(f"parameter {shown}: {reason or kind}")
+    if not faults:
+        return payload
+    marker = unserialisable_marker(arguments, "; ".join(faults))
+    return capture(marker, redactor)._replace(unserialisable=True)
+
+
+def _marker_reason(payload: Payload) -> str:
+    return str(payload_value(payload.text).get(UNSERIALISABLE_MARKER, ""))
 
 
 def _prepare_tool(
@@ -149,6 +196,8 @@ def _prepare_tool(
     described: dict[str, Any] | None = None,
 ) -> _Prepared:
     payload, session = _captured_input(arguments)
+    if payload.unserialisable:
+        payload = _tool_input(arguments, payload)
     call = BoundaryCall("tool", name, payload, policy, output_type=output_type)
     attributes = {
         **(described or {}),
@@ -269,7 +318,7 @@ def _decide(prepared: _Prepared) -> ReplayDecision | None:
     session = prepared.session
     if session is None:
         if prepared.call.input.unserialisable:
-            _warn_unreplayable(prepared.call, "input", prepared.call.input)
+            prepared.attributes.update(_unreplayable(prepared.call, "input", prepared.call.input))
         return None
     attributes = prepared.attributes
     attributes[k.REPLAY_MODE] = session.mode.value
@@ -364,9 +413,9 @@ def _finish_ok(
     try:
         recorded = result if prepared.view is None else prepared.view(result)
         payload = capture(recorded, CONFIG.settings.redactor, keep_order=True)
-        if payload.unserialisable:
-            _warn_unreplayable(prepared.call, "output", payload)
         attributes = span_payload_attributes(k.OUTPUT, payload)
+        if payload.unserialisable:
+            attributes.update(_unreplayable(prepared.call, "output", payload))
         attributes[k.STATUS] = k.STATUS_OK
         described = _described(prepared, recorded, payload)
         _add_last(attributes, described)
@@ -528,9 +577,9 @@ def _finish_stream(
                 None if error is None else exception_message(error, redactor),
             )
             payload = capture(value, redactor, keep_order=True)
-            if payload.unserialisable:
-                _warn_unreplayable(prepared.call, "output", payload)
             attributes = span_payload_attributes(k.OUTPUT, payload)
+            if payload.unserialisable:
+                attributes.update(_unreplayable(prepared.call, "output", payload))
             attributes[k.STATUS] = k.STATUS_OK  # what was streamed is the recorded outcome
             attributes[k.STREAM] = True
             attributes[k.STREAM_CHUNK_COUNT] = len(recorder.chunks)
@@ -654,7 +703,7 @@ def _return_type(fn: Callable[..., Any]) -> Any:
 
 
 def _tool_description(
-    annotated: Any, signature: inspect.Signature, skip_first: bool
+    annotated: Any, signature: inspect.Signature, left_out: frozenset[str]
 ) -> dict[str, Any]:
     """What a TOOL span says about its tool beyond the name: the docstring
     (``gen_ai.tool.description``, OpenInference ``tool.description``) and the JSON schema of
@@ -675,11 +724,8 @@ def _tool_description(
     try:
         hints = typing.get_type_hints(annotated)
         fields: dict[str, Any] = {}
-        for index, (pname, param) in enumerate(signature.parameters.items()):
-            if (index == 0 and skip_first) or param.kind in (
-                param.VAR_POSITIONAL,
-                param.VAR_KEYWORD,
-            ):
+        for pname, param in signature.parameters.items():
+            if pname in left_out or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 continue
             default = ... if param.default is param.empty else param.default
             fields[pname] = (hints.get(pname, Any), default)
@@ -731,7 +777,10 @@ def trace_tool(fn: Callable[P, R], /) -> Callable[P, R]: ...
 
 @overload
 def trace_tool(
-    *, name: str | None = None, replay_policy: ReplayPolicy | str = ReplayPolicy.REPLAYABLE
+    *,
+    name: str | None = None,
+    replay_policy: ReplayPolicy | str = ReplayPolicy.REPLAYABLE,
+    exclude: str | Collection[str] = (),
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
@@ -741,15 +790,24 @@ def trace_tool(
     *,
     name: str | None = None,
     replay_policy: ReplayPolicy | str = ReplayPolicy.REPLAYABLE,
+    exclude: str | Collection[str] = (),
 ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
     """Record every call of a tool function (sync or ``async def``) as a boundary span.
 
     Arguments are normalised with ``inspect.signature(fn).bind(...)`` and ``apply_defaults()``, so
-    defaulted parameters are part of the recorded input. A first parameter named ``self`` or
-    ``cls`` is left out. ``replay_policy`` is recorded with every call and enforced during replay
-    (see :class:`~stepfork_otel.trace.policy.ReplayPolicy`).
+    defaulted parameters are part of the recorded input. ``replay_policy`` is recorded with every
+    call and enforced during replay (see :class:`~stepfork_otel.trace.policy.ReplayPolicy`).
+
+    Left out of the input -- recorded and matched without them, the tool still gets them: a first
+    parameter named ``self`` or ``cls``; the parameters named in ``exclude`` (a name, or names;
+    with ``**kwargs``, also keys of it); and framework context, found by the parameter's
+    annotation or, without one, by the value's type: pydantic-ai's ``RunContext``, LangChain's
+    ``RunnableConfig``, callback handlers and managers, run managers
+    (:data:`stepfork_otel.recording.arguments.FRAMEWORK_CONTEXT`). A name in ``exclude`` that is
+    not a parameter is a ``ValueError``.
     """
     policy = ReplayPolicy.parse(replay_policy)
+    excluded = (exclude,) if isinstance(exclude, str) else tuple(exclude)
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
         # Decorating never breaks the program: what cannot be a tool is returned unchanged,
@@ -771,32 +829,42 @@ def trace_tool(
                 refusal if refusal.startswith("a ") else f"not traceable, {refusal}",
             )
             return func
-        params = list(signature.parameters)
-        skip_first = bool(params) and params[0] in ("self", "cls")
-        resolved: list[tuple[Any, Any]] = []
+        unknown = unknown_names(signature, excluded)
+        if unknown:
+            raise ValueError(
+                f"@trace_tool(exclude=...): {', '.join(map(repr, unknown))} "
+                f"{'is not a parameter' if len(unknown) == 1 else 'are not parameters'} of "
+                f"{tool_name} (its parameters: {', '.join(signature.parameters) or 'none'})"
+            )
+        resolved: list[tuple[ToolArguments, Any, dict[str, Any]]] = []
 
-        def output_type() -> tuple[Any, Any]:
-            """(return type, description), resolved on the first call (forward references may
-            not exist earlier); set in one step, as threads may make the first call together."""
+        def shape() -> tuple[ToolArguments, Any, dict[str, Any]]:
+            """(binding, return type, description), resolved on the first call: forward
+            references -- and a framework's context classes -- may not exist earlier. Set in
+            one step, as threads may make the first call together."""
             if not resolved:
-                types = (
-                    _return_type(annotated),
-                    _tool_description(annotated, signature, skip_first),
-                )
-                resolved[:] = [types]
+                binding = tool_arguments(annotated, signature, excluded)
+                resolved[:] = [
+                    (
+                        binding,
+                        _return_type(annotated),
+                        _tool_description(annotated, signature, binding.left_out),
+                    )
+                ]
             return resolved[0]
 
-        simple_bind = simple_binder(signature, skip_first)
-
         def prepare(args: Any, kwargs: Any) -> _Prepared | None:
-            arguments = None if simple_bind is None else simple_bind(args, kwargs)
-            if arguments is None:
-                try:
-                    arguments = bind_arguments(signature, skip_first, args, kwargs)
-                except TypeError:
-                    return None  # the call itself is wrong: let the function raise its TypeError
             try:
-                return _prepare_tool(tool_name, policy, arguments, *output_type())
+                binding, output_type, described = shape()
+            except Exception:
+                internal_error("reading a tool's signature", strict=_in_replay())
+                return None
+            try:
+                arguments = binding.bind(args, kwargs)
+            except TypeError:
+                return None  # the call itself is wrong: let the function raise its TypeError
+            try:
+                return _prepare_tool(tool_name, policy, arguments, output_type, described)
             except Exception:
                 internal_error("preparing a boundary call", strict=_in_replay())
                 return None

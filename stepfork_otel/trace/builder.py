@@ -102,6 +102,8 @@ class BundleBuilder:
     _replay_mode: tuple[int, str] | None = field(init=False, default=None)
     lost: int = field(init=False, default=0)
     """Calls whose events could not be made (the caller counts them; the bundle says so)."""
+    _unreplayable: list[str] = field(init=False, default_factory=list)
+    """``"<call id> (<why>)"`` of each call whose span says it cannot be replayed."""
 
     def __post_init__(self) -> None:
         self._scope = dict.fromkeys(self.open_spans)
@@ -153,6 +155,7 @@ class BundleBuilder:
                 self.context.append(context_span(span, self.redactor))
             return _NOTHING
         del self._scope[span_id]
+        self._note_unreplayable(call, span)
         if self._replay_mode is None or call.n < self._replay_mode[0]:
             mode = replay_mode_of(span)
             if mode is not None:
@@ -166,6 +169,12 @@ class BundleBuilder:
             reads = captured_reads([kept], self._captured_seq)[0]
         event, outcome = span_events(span, call.call_id, call.n, call.parent)
         return Ended([event] if outcome is None else [event, outcome], reads)
+
+    def _note_unreplayable(self, call: _Call, span: SpanRecord) -> None:
+        """A call recorded with a payload that had no JSON form (``stepfork.unreplayable``)."""
+        why = span.attributes.get(k.UNREPLAYABLE)
+        if isinstance(why, str) and why:
+            self._unreplayable.append(f"{call.call_id} ({why})")
 
     def open_calls(self) -> list[Any]:
         """The handles of the calls still open (in the order they started)."""
@@ -190,6 +199,7 @@ class BundleBuilder:
             call = self._calls.get(span.span_id)
             if call is not None:
                 opened += 1
+                self._note_unreplayable(call, span)
                 rest.append(span_events(span, call.call_id, call.n, call.parent)[0])
         self._calls.clear()
         run = None if self.outside or root is None or root.stepfork_kind != k.KIND_RUN else root
@@ -209,6 +219,8 @@ class BundleBuilder:
             reason = f"{self.lost} call(s) could not be written (internal error, logged)"
         if reason is None and unreadable:
             reason = unreadable_reads_reason(unreadable)
+        if reason is None and self._unreplayable:
+            reason = unreplayable_reason(self._unreplayable)
         created_by = self.created_by
         if created_by is None and run is not None:
             value = run.attributes.get(k.SDK_VERSION)
@@ -224,6 +236,20 @@ class BundleBuilder:
             captured=captured,
         )
         return rest, final
+
+
+def unreplayable_reason(calls: list[str]) -> str:
+    """The ``incomplete_reason`` of a bundle holding calls that cannot be replayed, a payload
+    having had no JSON form: ``calls`` are ``"<call id> (<why>)"``, in any order (shown by call
+    number, the first three)."""
+
+    def number(said: str) -> int:
+        digits = said.split(" ", 1)[0].rpartition("-")[2]
+        return int(digits) if digits.isdigit() else 0
+
+    calls = sorted(calls, key=number)
+    shown = "; ".join(calls[:3]) + (f"; and {len(calls) - 3} more" if len(calls) > 3 else "")
+    return f"{len(calls)} call(s) cannot be replayed, a payload having no JSON form: {shown}"
 
 
 # --- a whole trace at once (the importer) --------------------------------------------------------

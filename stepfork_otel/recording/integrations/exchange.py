@@ -30,9 +30,12 @@ is served as a 429, and the SDK raises its own ``RateLimitError`` from it.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
-from collections.abc import AsyncIterator, Iterator
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -289,33 +292,55 @@ def body_bytes(record: dict[str, Any]) -> bytes:
     return raw if isinstance(raw, bytes) else b""
 
 
+def _elapsed(start: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=time.perf_counter() - start)
+
+
+def _set_elapsed(response: Any, start: float) -> None:
+    """A streamed response's ``elapsed``, set when it is closed (the first time)."""
+    if response is not None and not hasattr(response, "_elapsed"):
+        response.elapsed = _elapsed(start)
+
+
+def _no_response() -> None:
+    return None
+
+
 @functools.cache
 def _event_streams(module: ModuleType) -> tuple[type, type]:
     """Byte streams (sync, async) of the HTTP library ``module`` that serialise events as they
-    are read: its responses accept only its own stream classes."""
+    are read: its responses accept only its own stream classes. Closing one sets its response's
+    ``elapsed``, as the HTTP client's own stream does (a response's ``elapsed`` is readable once
+    it is closed)."""
 
     class Events(module.SyncByteStream):  # type: ignore[name-defined,misc]
-        def __init__(self, events: Iterator[Any]) -> None:
+        def __init__(self, events: Iterator[Any], start: float) -> None:
             self._events = events
+            self._start = start
+            self.response: Callable[[], Any] = _no_response
 
         def __iter__(self) -> Iterator[bytes]:
             for event in self._events:
                 yield event_bytes(event)
 
         def close(self) -> None:
+            _set_elapsed(self.response(), self._start)
             closer = getattr(self._events, "close", None)
             if closer is not None:
                 closer()
 
     class AsyncEvents(module.AsyncByteStream):  # type: ignore[name-defined,misc]
-        def __init__(self, events: AsyncIterator[Any]) -> None:
+        def __init__(self, events: AsyncIterator[Any], start: float) -> None:
             self._events = events
+            self._start = start
+            self.response: Callable[[], Any] = _no_response
 
         async def __aiter__(self) -> AsyncIterator[bytes]:
             async for event in self._events:
                 yield event_bytes(event)
 
         async def aclose(self) -> None:
+            _set_elapsed(self.response(), self._start)
             closer = getattr(self._events, "aclose", None)
             if closer is not None:
                 await closer()
@@ -325,27 +350,45 @@ def _event_streams(module: ModuleType) -> tuple[type, type]:
 
 @dataclass(frozen=True, slots=True)
 class Http:
-    """The HTTP library a client sends with (``httpx2``, or ``httpx`` for older SDKs)."""
+    """The HTTP library a client sends with (``httpx2``, or ``httpx`` for older SDKs).
+
+    The responses built here behave as the client's own: a read one has its ``elapsed`` (the
+    time since ``start``, when the SDK's ``send`` was called: in replay, the time replay took to
+    serve it), a streamed one gets it when it is closed. ``with_raw_response`` and
+    ``with_streaming_response`` hand these objects to the agent."""
 
     module: ModuleType
 
-    def response(self, request: Any, record: dict[str, Any]) -> Any:
+    def response(self, request: Any, record: dict[str, Any], start: float) -> Any:
         """A read response built from a recorded one."""
-        return self.module.Response(
+        response = self.module.Response(
             int(record.get("status", 200)),
             headers=dict(record.get("headers") or {}),
             content=body_bytes(record),
             request=request,
         )
+        response.elapsed = _elapsed(start)
+        return response
 
-    def streamed(self, request: Any, status: int, headers: Any, events: Iterator[Any]) -> Any:
+    def streamed(
+        self, request: Any, status: int, headers: Any, events: Iterator[Any], start: float
+    ) -> Any:
         """A response whose body is ``events``, re-serialised as they are read."""
-        stream = _event_streams(self.module)[0](events)
-        return self.module.Response(status, headers=headers, stream=stream, request=request)
+        return self._streamed(
+            _event_streams(self.module)[0](events, start), request, status, headers
+        )
 
-    def astreamed(self, request: Any, status: int, headers: Any, events: AsyncIterator[Any]) -> Any:
-        stream = _event_streams(self.module)[1](events)
-        return self.module.Response(status, headers=headers, stream=stream, request=request)
+    def astreamed(
+        self, request: Any, status: int, headers: Any, events: AsyncIterator[Any], start: float
+    ) -> Any:
+        return self._streamed(
+            _event_streams(self.module)[1](events, start), request, status, headers
+        )
+
+    def _streamed(self, stream: Any, request: Any, status: int, headers: Any) -> Any:
+        response = self.module.Response(status, headers=headers, stream=stream, request=request)
+        stream.response = weakref.ref(response)  # (no cycle: the response goes when dropped)
+        return response
 
     def transport_error(self, error_type: str, message: str, request: Any) -> BaseException | None:
         """The HTTP library's own exception for a recorded transport failure, or None."""

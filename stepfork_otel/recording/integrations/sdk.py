@@ -24,17 +24,32 @@ unchanged from ``request``.
 
 Instrumenting patches the classes, so clients created before and after are covered; passing a
 client patches that instance only (copies made with ``with_options`` are not covered).
+
+Beside other instrumentations of the same methods (openinference wraps ``OpenAI.request`` with
+wrapt, before or after stepfork): a method stepfork wraps is called bound, as Python calls a
+method, whatever kind of wrapper it is; stepfork knows its own wrappers by their own
+``__dict__`` (a proxy around one of them hands out its attributes), so undoing stepfork never
+takes another instrumentation's wrapper off; the loggers of the instrumentations found around
+``request`` are watched, and an error one logs is said on stepfork's logger (they catch their own
+failures and their spans silently go missing); and a send by an SDK's HTTP client outside
+``request`` while the SDK is instrumented -- another instrumentation, undone, put back the
+method it saved before stepfork's -- is said too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+import itertools
 import logging
+import sys
 import threading
+import time
 import types
+import typing
 from collections.abc import Callable
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,12 +57,14 @@ from opentelemetry import trace as trace_api
 
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors
+from stepfork_otel.config import CONFIG
 from stepfork_otel.recording import boundaries
 from stepfork_otel.recording.contract import current_session
 from stepfork_otel.recording.integrations import exchange
 from stepfork_otel.recording.integrations.exchange import Http
 from stepfork_otel.recording.streams import StreamStart
 from stepfork_otel.trace.foreign_responses import restreamed
+from stepfork_otel.trace.payload import exception_message, qualified_name
 
 logger = logging.getLogger("stepfork_otel")
 
@@ -95,7 +112,41 @@ _ORIGINAL = "__stepfork_original__"
 
 
 def _original(function: Any) -> Any:
-    return getattr(function, _ORIGINAL, None)
+    """What ``function`` wraps when it is one of stepfork's wrappers, else None. Looked up in
+    the function's own ``__dict__``: another instrumentation's wrapper around ours (wrapt's
+    ``FunctionWrapper``, a proxy) would hand out our attribute as its own, and undoing stepfork
+    would then remove that instrumentation too."""
+    if type(function) is not types.FunctionType:
+        return None
+    return function.__dict__.get(_ORIGINAL)
+
+
+def _as_function(method: Any) -> Callable[..., Any]:
+    """``method`` (a class attribute) as a plain function of ``(self, *args, **kwargs)``.
+
+    Another instrumentation's wrapper is not always a function: wrapt's ``FunctionWrapper``
+    (openinference, most OpenTelemetry instrumentations) is a descriptor that learns the
+    instance by being bound to it. Called unbound with the instance as first argument, it takes
+    the instance for the method's first argument (openinference then read the client as
+    ``cast_to`` and dropped its span); bound through the descriptor protocol, as Python binds a
+    method, it works as it does on its own."""
+    if type(method) is types.FunctionType:
+        return typing.cast(Callable[..., Any], method)
+
+    def bound(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return method.__get__(self, type(self))(*args, **kwargs)
+
+    # (not its __dict__: a proxy's is that of what it wraps, which may be a wrapper of ours)
+    return functools.update_wrapper(bound, method, updated=())
+
+
+def _wrapped(
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]], current: Any
+) -> Callable[..., Any]:
+    """``wrap`` applied to the method ``current``, marked as stepfork's with what it replaced."""
+    patched = wrap(_as_function(current))
+    setattr(patched, _ORIGINAL, current)
+    return patched
 
 
 # --- the SDK's request: marks the calls that come from the SDK -----------------------------------
@@ -104,7 +155,15 @@ def _original(function: Any) -> Any:
 def _marks(provider: Provider, client: Any) -> bool:
     """A wrapper left behind (another instrumentation restored a copy of it when it was undone)
     marks nothing once the SDK is no longer instrumented."""
-    return provider.name in _instrumented or "request" in vars(client)
+    return provider.module in _instrumented or "request" in vars(client)
+
+
+def _mark(provider: Provider, client: Any) -> Token[_SdkCall | None]:
+    """Mark the calls made in this request as the SDK's; the outermost mark first looks at
+    what else wraps the client's ``request`` (see :func:`_look_around`)."""
+    if _current.get() is None:
+        _look_around(type(client), provider)
+    return _current.set(_SdkCall(provider, getattr(client, "base_url", "")))
 
 
 def _sync_request(provider: Provider, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -112,7 +171,7 @@ def _sync_request(provider: Provider, original: Callable[..., Any]) -> Callable[
     def request(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not _marks(provider, self):
             return original(self, *args, **kwargs)
-        token = _current.set(_SdkCall(provider, getattr(self, "base_url", "")))
+        token = _mark(provider, self)
         try:
             return original(self, *args, **kwargs)
         except _Carried as carried:
@@ -120,7 +179,6 @@ def _sync_request(provider: Provider, original: Callable[..., Any]) -> Callable[
         finally:
             _current.reset(token)
 
-    setattr(request, _ORIGINAL, original)
     return request
 
 
@@ -129,7 +187,7 @@ def _async_request(provider: Provider, original: Callable[..., Any]) -> Callable
     async def request(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not _marks(provider, self):
             return await original(self, *args, **kwargs)
-        token = _current.set(_SdkCall(provider, getattr(self, "base_url", "")))
+        token = _mark(provider, self)
         try:
             return await original(self, *args, **kwargs)
         except _Carried as carried:
@@ -137,7 +195,6 @@ def _async_request(provider: Provider, original: Callable[..., Any]) -> Callable
         finally:
             _current.reset(token)
 
-    setattr(request, _ORIGINAL, original)
     return request
 
 
@@ -148,7 +205,6 @@ def _sync_sleep(original: Callable[..., Any]) -> Callable[..., Any]:
             return None  # a replayed retry: the recorded response is already here
         return original(self, *args, **kwargs)
 
-    setattr(sleep_for_retry, _ORIGINAL, original)
     return sleep_for_retry
 
 
@@ -159,7 +215,6 @@ def _async_sleep(original: Callable[..., Any]) -> Callable[..., Any]:
             return None
         return await original(self, *args, **kwargs)
 
-    setattr(sleep_for_retry, _ORIGINAL, original)
     return sleep_for_retry
 
 
@@ -206,6 +261,29 @@ def _prepare(call: _SdkCall, http: Http, request: Any) -> Any:
     return None
 
 
+_said_unmarked: set[str] = set()
+
+
+def _check_unmarked(http_client: Any) -> None:
+    """A send by the HTTP client an SDK made for itself, outside any ``request`` of ours,
+    while the SDK is instrumented class-wide: the client class's ``request`` was replaced after
+    stepfork patched it -- another instrumentation, undone, put back the method it had saved
+    before stepfork's (openinference does) -- and the SDK's calls are silently not recorded.
+    Said once, with the way out."""
+    package = type(http_client).__module__.partition(".")[0]
+    if package in _instrumented and package not in _said_unmarked:
+        _said_unmarked.add(package)
+        logger.warning(
+            "stepfork_otel: a request of the %s SDK was sent outside stepfork_otel's "
+            "instrumentation and is not recorded: its client's request method was replaced "
+            "after instrument_%s() (undoing another instrumentation puts back the method it "
+            "saved); call instrument_%s() again",
+            package,
+            package,
+            package,
+        )
+
+
 def _carry(error: BaseException, raised_by_body: list[BaseException], http: Http) -> BaseException:
     """What ``send`` raises: the SDK's own path for a live or replayed transport failure;
     anything else stepfork raised on purpose is carried past the SDK to ``request``."""
@@ -219,7 +297,10 @@ def _sync_send(http: Http, original: Callable[..., Any]) -> Callable[..., Any]:
     def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         call = _current.get()
         if call is None:
+            if _instrumented:
+                _check_unmarked(self)
             return original(self, request, *args, **kwargs)
+        start = time.perf_counter()  # (a response built here has its elapsed from it)
         prepared = _prepare(call, http, request)
         if prepared is None:
             return original(self, request, *args, **kwargs)
@@ -238,7 +319,7 @@ def _sync_send(http: Http, original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             if not kwargs.get("stream"):
                 result = boundaries.run_sync(prepared, perform)
-                return result if live else http.response(request, result)
+                return result if live else http.response(request, result, start)
 
             def open_stream() -> StreamStart[Any]:
                 response = perform()
@@ -259,15 +340,14 @@ def _sync_send(http: Http, original: Callable[..., Any]) -> Callable[..., Any]:
                     pass
                 return live[0]
             if not live and exchange.STREAM_BODY_KEYS & head.keys():
-                return http.response(request, head)
+                return http.response(request, head, start)
             status, headers = (
                 (live[0].status_code, live[0].headers) if live else exchange.head_of(head)
             )
-            return http.streamed(request, status, headers, events)
+            return http.streamed(request, status, headers, events, start)
         except BaseException as exc:
             raise _carry(exc, raised, http) from None
 
-    setattr(send, _ORIGINAL, original)
     return send
 
 
@@ -276,7 +356,10 @@ def _async_send(http: Http, original: Callable[..., Any]) -> Callable[..., Any]:
     async def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         call = _current.get()
         if call is None:
+            if _instrumented:
+                _check_unmarked(self)
             return await original(self, request, *args, **kwargs)
+        start = time.perf_counter()  # (a response built here has its elapsed from it)
         prepared = _prepare(call, http, request)
         if prepared is None:
             return await original(self, request, *args, **kwargs)
@@ -295,7 +378,7 @@ def _async_send(http: Http, original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             if not kwargs.get("stream"):
                 result = await boundaries.run_async(prepared, perform)
-                return result if live else http.response(request, result)
+                return result if live else http.response(request, result, start)
 
             async def open_stream() -> StreamStart[Any]:
                 response = await perform()
@@ -316,15 +399,14 @@ def _async_send(http: Http, original: Callable[..., Any]) -> Callable[..., Any]:
                     pass
                 return live[0]
             if not live and exchange.STREAM_BODY_KEYS & head.keys():
-                return http.response(request, head)
+                return http.response(request, head, start)
             status, headers = (
                 (live[0].status_code, live[0].headers) if live else exchange.head_of(head)
             )
-            return http.astreamed(request, status, headers, events)
+            return http.astreamed(request, status, headers, events, start)
         except BaseException as exc:
             raise _carry(exc, raised, http) from None
 
-    setattr(send, _ORIGINAL, original)
     return send
 
 
@@ -333,11 +415,113 @@ async def _no_events() -> Any:
     yield  # an async generator with nothing in it
 
 
+# --- other instrumentations of the same methods -------------------------------------------------
+
+
+class _FailureWatch(logging.Filter):
+    """Sees the errors an instrumentation logs about itself (it never raises into the SDK call:
+    its spans of the call are then silently missing, and nobody sees the log unless logging is
+    configured, as openinference logs on a logger with only a ``NullHandler``) and says them
+    on stepfork's logger, once per failure. A filter on the instrumentation's own loggers, not a
+    handler: it changes nothing of where their records go."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and (_instrumented or any(_clients.values())):
+            with contextlib.suppress(Exception):  # a log record must never break the SDK call
+                _say_failure(record)
+        return True
+
+
+_WATCH = _FailureWatch()
+_said: set[tuple[str, str, str]] = set()
+_looked: set[tuple[type, int]] = set()
+"""(client class, id of its ``request`` attribute) already looked at."""
+
+
+def _say_failure(record: logging.LogRecord) -> None:
+    error = record.exc_info[1] if record.exc_info else None
+    key = (record.name, str(record.msg), type(error).__name__)
+    if key in _said:
+        return
+    _said.add(key)
+    redactor = CONFIG.settings.redactor
+    why = "" if error is None else f" ({qualified_name(type(error))}: "
+    why += "" if error is None else exception_message(error, redactor) + ")"
+    logger.warning(
+        "stepfork_otel: %s failed on an SDK call that stepfork_otel instruments too: %s%s; "
+        "its telemetry of such calls is missing or partial (stepfork_otel's own recording is "
+        "not affected). Said once per failure.",
+        record.name,
+        redactor.redact_message(record.getMessage()),
+        why,
+    )
+
+
+def _look_around(cls: type, provider: Provider) -> None:
+    """Watch the loggers of every other instrumentation that wraps ``cls.request`` (before or
+    after stepfork did), found by walking the chain of wrappers (``__wrapped__``). Looked at
+    once per class and ``request`` attribute: an instrumentation added later puts a new
+    attribute there."""
+    head = _static(cls, "request")
+    key = (cls, id(head))
+    if key in _looked:
+        return
+    _looked.add(key)
+    with handle_internal_errors("looking for other instrumentations of an SDK"):
+        packages = _wrapping_packages(head, provider.module)
+        inside = tuple(package + "." for package in packages)
+        for name, found in list(logging.Logger.manager.loggerDict.items()):
+            watched = packages and (name in packages or name.startswith(inside))
+            if watched and isinstance(found, logging.Logger) and _WATCH not in found.filters:
+                found.addFilter(_WATCH)
+
+
+def _wrapping_packages(method: Any, sdk_module: str) -> list[str]:
+    """The packages whose wrappers are in ``method``'s chain of wrappers, other than the SDK and
+    stepfork: each wrapper's package, cut before its first private part
+    (``openinference.instrumentation.openai._request`` -> ``openinference.instrumentation.openai``)."""
+    found: list[str] = []
+    for _ in range(64):  # each wrapper points at the next (bounded: a cycle ends too)
+        if method is None:
+            break
+        original = _original(method)
+        if original is not None:
+            method = original
+            continue
+        module = _defined_in(method)
+        if module is not None and module.split(".")[0] not in (sdk_module, "stepfork_otel"):
+            if not hasattr(sys.modules.get(module), "__path__"):  # a module: its package
+                module = module.rpartition(".")[0] or module
+            parts = itertools.takewhile(lambda part: not part.startswith("_"), module.split("."))
+            package = ".".join(parts)
+            if package and package not in found:
+                found.append(package)
+        method = getattr(method, "__wrapped__", None)
+    return found
+
+
+def _defined_in(method: Any) -> str | None:
+    """The module that defined a wrapper: a function's own globals (``functools.wraps`` copies
+    the wrapped function's ``__module__``), or for wrapt's ``FunctionWrapper`` that of its
+    wrapper (a function, a method, or an object with ``__call__``)."""
+    if type(method) is not types.FunctionType:
+        method = getattr(method, "_self_wrapper", None)
+        while isinstance(method, functools.partial):
+            method = method.func
+        method = getattr(method, "__func__", method)  # a bound method: its function
+        if method is None:
+            return None
+        if type(method) is not types.FunctionType:
+            return type(method).__module__
+    name = method.__globals__.get("__name__")
+    return name if isinstance(name, str) else None
+
+
 # --- instrumenting and undoing it ----------------------------------------------------------------
 
 _lock = threading.Lock()
 _instrumented: set[str] = set()
-"""Providers instrumented class-wide."""
+"""The SDK packages instrumented class-wide."""
 _clients: dict[str, int] = {}
 """Providers with instrumented clients (count), which need the HTTP patch too."""
 
@@ -348,7 +532,7 @@ def _patch(owner: Any, name: str, wrap: Callable[[Callable[..., Any]], Callable[
         current = getattr(owner, name, None)
     if current is None or _original(current) is not None:
         return  # absent in this release, or patched already
-    setattr(owner, name, wrap(current))
+    setattr(owner, name, _wrapped(wrap, current))
 
 
 def _unpatch(owner: Any, name: str) -> None:
@@ -356,6 +540,14 @@ def _unpatch(owner: Any, name: str) -> None:
     original = _original(current)
     if original is not None:
         setattr(owner, name, original)
+
+
+def _static(cls: type, name: str) -> Any:
+    """The attribute ``name`` of ``cls`` as its class dictionary holds it (not bound)."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return vars(klass)[name]
+    return None
 
 
 def _with_own(root: type, name: str) -> list[type]:
@@ -418,7 +610,10 @@ def instrument(provider: Provider, client: Any = None) -> None:
                 _patch(cls, "request", functools.partial(_async_request, provider))
             _patch(base.SyncAPIClient, "_sleep_for_retry", _sync_sleep)
             _patch(base.AsyncAPIClient, "_sleep_for_retry", _async_sleep)
-            _instrumented.add(provider.name)
+            _instrumented.add(provider.module)
+            _said_unmarked.discard(provider.module)
+            _said.clear()  # said once per failure from here on
+            _looked.clear()
             return
         if not isinstance(client, (base.SyncAPIClient, base.AsyncAPIClient)):
             raise TypeError(
@@ -429,13 +624,12 @@ def instrument(provider: Provider, client: Any = None) -> None:
             return  # this client is instrumented already
         is_async = isinstance(client, base.AsyncAPIClient)
         wrap = _async_request if is_async else _sync_request
-        method = wrap(provider, type(client).request)
+        method = _wrapped(functools.partial(wrap, provider), _static(type(client), "request"))
         client.request = types.MethodType(method, client)
-        sleep = getattr(type(client), "_sleep_for_retry", None)
+        sleep = _static(type(client), "_sleep_for_retry")
         if sleep is not None and _original(sleep) is None:
-            client._sleep_for_retry = types.MethodType(
-                (_async_sleep if is_async else _sync_sleep)(sleep), client
-            )
+            sleeper = _wrapped(_async_sleep if is_async else _sync_sleep, sleep)
+            client._sleep_for_retry = types.MethodType(sleeper, client)
         _clients[provider.name] = _clients.get(provider.name, 0) + 1
 
 
@@ -451,7 +645,7 @@ def uninstrument(provider: Provider, client: Any = None) -> None:
                 for cls in _with_own(root, "request"):
                     _unpatch(cls, "request")
                 _unpatch(root, "_sleep_for_retry")
-            _instrumented.discard(provider.name)
+            _instrumented.discard(provider.module)
         elif "request" in vars(client):
             del client.request
             vars(client).pop("_sleep_for_retry", None)
