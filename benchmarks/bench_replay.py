@@ -60,7 +60,7 @@ from stepfork_otel import constants as k
 from stepfork_otel.otel.writer import _WRITER
 from stepfork_otel.recording.arguments import simple_binder
 from stepfork_otel.recording.contract import BoundaryCall
-from stepfork_otel.recording.spans import call_start_time, call_starting
+from stepfork_otel.recording.spans import CALL_START_LOCK, call_start_time, next_call_number
 from stepfork_otel.replay.matching import MatchContext, first_miss
 from stepfork_otel.replay.plan import RecordedCall
 from stepfork_otel.replay.substitution import substitute
@@ -471,7 +471,7 @@ class _Budget:
         redactor = DEFAULT_REDACTOR
         plan: list[RecordedCall] = self._session().recorded_calls
         recorded = [(rc.event.input or "", rc.input_sha256 or "") for rc in plan]
-        binder = simple_binder(inspect.signature(self.tool.__wrapped__), False)  # type: ignore[attr-defined]
+        binder = simple_binder(inspect.signature(self.tool.__wrapped__), ())  # type: ignore[attr-defined]
         if binder is None:
             raise RuntimeError("the benchmark's tool should have a plain signature")
         arguments = [binder((value,), {}) for value in self.inputs]
@@ -517,8 +517,8 @@ class _Budget:
         trace_id = int(self.trace.trace_id, 16)
 
         def numbering(_: object) -> None:
-            with call_starting(trace_id):  # (the lock the span starts under, the number, the time)
-                pass
+            with CALL_START_LOCK:  # (the lock the span starts under, the number, the time)
+                next_call_number(trace_id)
 
         def own_reads() -> dict[str, float]:
             """A call's own reads of the clock and randomness -- stepfork's start time
@@ -622,7 +622,7 @@ _BUDGET_ROWS: list[tuple[str, list[str], list[str], str]] = [
         "caller",
     ),
     (
-        "... of it, the call's number and start time (`call_starting`)",
+        "... of it, the call's number and start time (`next_call_number`, under its lock)",
         ["numbering"],
         [],
         "caller",
