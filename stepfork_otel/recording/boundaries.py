@@ -62,7 +62,6 @@ from stepfork_otel.recording.spans import (
     check_attributes_kept,
     end_span,
     first_call_of_trace,
-    note_provider,
     record_failure,
     span_payload_attributes,
     usage_attributes,
@@ -215,7 +214,6 @@ def _prepare_llm(
     provider: str, model: str, operation: str, request: Any, policy: ReplayPolicy, output_type: Any
 ) -> _Prepared:
     payload, session = _captured_input(request)
-    note_provider(provider)
     fingerprint = model_fingerprint(provider, model, operation)
     call = BoundaryCall(
         "llm",
@@ -453,6 +451,7 @@ _UNBILLED = {
     k.GEN_AI_USAGE_INPUT_TOKENS: k.USAGE_INPUT_TOKENS,
     k.GEN_AI_USAGE_OUTPUT_TOKENS: k.USAGE_OUTPUT_TOKENS,
     k.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: None,
+    k.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS: None,
     k.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: None,
 }
 

@@ -3,8 +3,10 @@
 hold -- for OpenAI (Chat Completions, Responses, Embeddings) and Anthropic (Messages).
 
 Always: ``gen_ai.request.*`` parameters, ``gen_ai.response.id``/``model``/``finish_reasons``,
-``gen_ai.usage.*`` (cache read/creation included; Anthropic's ``input_tokens`` excludes cached
-tokens, the convention's includes them, so they are added), ``error.type`` for an error status.
+``gen_ai.usage.*`` (cache read and write included -- the write under its current name,
+``cache_write``, and its old one, ``cache_creation``, which some back-ends still read;
+Anthropic's ``input_tokens`` excludes cached tokens, the convention's includes them, so they are
+added), ``error.type`` for an error status.
 Message content (``gen_ai.input.messages``, ``gen_ai.output.messages``,
 ``gen_ai.system_instructions``, ``gen_ai.tool.definitions``) only when
 ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is ``true``, ``SPAN_ONLY`` or
@@ -91,7 +93,8 @@ def describe(
             (k.GEN_AI_USAGE_INPUT_TOKENS, summary.input_tokens),
             (k.GEN_AI_USAGE_OUTPUT_TOKENS, summary.output_tokens),
             (k.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, summary.cache_read),
-            (k.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, summary.cache_creation),
+            (k.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS, summary.cache_creation),
+            (k.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, summary.cache_creation),  # the old name
         ):
             if value is not None:
                 attributes[attribute] = value
