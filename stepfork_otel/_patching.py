@@ -25,7 +25,8 @@ Each goes through a :class:`Patcher`, which holds to these rules:
   off with it.
 * **Thread-safe**: every change and every undoing is made under the patcher's lock.
 * **No reference that outlives the owner**: an instance patched (one SDK client) is held weakly,
-  so a client dropped without being undone is collected as before.
+  so a client dropped without being undone is collected as before (classes and modules, which
+  live as long as the process, are held as they are).
 
 Why a module of our own and not ``wrapt`` (the ecosystem's wrapper library): what is needed is
 the ledger -- what was replaced, inherited or not, undone by the same object, a copy recognised
@@ -43,7 +44,7 @@ from __future__ import annotations
 import threading
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,34 +62,34 @@ class _Mark:
     replaced: Any
 
 
-class _Ref:
-    """A reference held weakly when the object allows it (an instance, a function, a class, a
-    module), strongly otherwise (a tuple)."""
-
-    __slots__ = ("_strong", "_weak")
-
-    def __init__(self, value: Any) -> None:
-        try:
-            self._weak: weakref.ref[Any] | None = weakref.ref(value)
-            self._strong: Any = None
-        except TypeError:
-            self._weak, self._strong = None, value
-
-    def __call__(self) -> Any:
-        return self._strong if self._weak is None else self._weak()
-
-
 @dataclass(slots=True)
 class _Applied:
-    owner: _Ref
+    owner_ref: Any
+    """The owner -- or, for an instance (not a class or a module), a weak reference to it."""
+    weak: bool
     name: str
     had_own: bool
     """The attribute was in the owner's own ``__dict__`` (else inherited, or absent)."""
     previous: Any
     """The owner's own value before (when ``had_own``)."""
-    replacement: _Ref
+    replacement_ref: Any
+    """What was set (weakly too for an instance: a method bound to it refers to it)."""
     first: Any = _MISSING
     """For :meth:`Patcher.put_first`: the item put first (undone by taking it out again)."""
+
+    def owner(self) -> Any:
+        return self.owner_ref() if self.weak else self.owner_ref
+
+    def replacement(self) -> Any:
+        return self.replacement_ref() if self.weak else self.replacement_ref
+
+
+def _weakly(value: Any) -> Callable[[], Any]:
+    """A weak reference to ``value``, or a function returning it when it has none (a tuple)."""
+    try:
+        return weakref.ref(value)
+    except TypeError:
+        return lambda: value
 
 
 def _own(owner: Any, name: str) -> Any:
@@ -114,6 +115,8 @@ class Patcher:
         self.what = what
         self._lock = threading.Lock()
         self._applied: dict[tuple[int, str], _Applied] = {}
+        self._prune_at = 64
+        """Dead owners (instances collected) are forgotten when the ledger reaches this size."""
 
     def __repr__(self) -> str:
         return f"Patcher({self.what!r}, {len(self)} applied)"
@@ -173,11 +176,22 @@ class Patcher:
         """Set ``owner.name = value``, remembering what was there; False (nothing changed) when
         it holds ``value`` already."""
         with self._lock:
-            own = _own(owner, name)
-            if own is value:
-                return False
-            self._record(owner, name, own, value)
-            return True
+            return self._replace(owner, name, value)
+
+    def replace_many(self, patches: Iterable[tuple[Any, str, Any]]) -> None:
+        """:meth:`replace` for each ``(owner, name, value)``, under one taking of the lock (the
+        determinism capture sets some thirty names at each run's start). An exception leaves
+        the patches made before it in place, recorded (:meth:`restore_all` undoes them)."""
+        with self._lock:
+            for owner, name, value in patches:
+                self._replace(owner, name, value)
+
+    def _replace(self, owner: Any, name: str, value: Any) -> bool:
+        own = _own(owner, name)
+        if own is value:
+            return False
+        self._record(owner, name, own, value)
+        return True
 
     def put_first(self, owner: Any, name: str, item: Any) -> None:
         """Put ``item`` first in the tuple ``owner.name`` (a private sequence of another
@@ -191,10 +205,16 @@ class Patcher:
 
     def _record(self, owner: Any, name: str, own: Any, value: Any, first: Any = _MISSING) -> None:
         setattr(owner, name, value)
-        self._prune()
-        self._applied[(id(owner), name)] = _Applied(
-            _Ref(owner), name, own is not _MISSING, own, _Ref(value), first
-        )
+        if len(self._applied) >= self._prune_at:  # (amortised: not a walk per patch)
+            self._prune()
+            self._prune_at = max(64, 2 * len(self._applied))
+        if isinstance(owner, (type, types.ModuleType)):  # lives as long as the process
+            applied = _Applied(owner, False, name, own is not _MISSING, own, value, first)
+        else:  # an instance: never kept alive by its patch
+            applied = _Applied(
+                weakref.ref(owner), True, name, own is not _MISSING, own, _weakly(value), first
+            )
+        self._applied[(id(owner), name)] = applied
 
     # -- undoing -------------------------------------------------------------------------------
 

@@ -977,9 +977,8 @@ def acquire(*, modules: bool = True) -> None:
             if _users[level] > 1:
                 continue
             with handle_internal_errors("installing the determinism capture"):
-                patches = list(_SOURCE_PATCHES) if level == _SOURCES else _module_patches()
-                for patch in patches:
-                    _PATCHERS[level].replace(patch.owner, patch.name, patch.replacement)
+                patches = _SOURCE_PATCHES if level == _SOURCES else _module_patches()
+                _PATCHERS[level].replace_many((p.owner, p.name, p.replacement) for p in patches)
 
 
 def release(*, modules: bool = True) -> None:
