@@ -69,8 +69,9 @@ from stepfork_otel.trace.payload import exception_message, qualified_name
 
 logger = logging.getLogger("stepfork_otel")
 
-Describe = Callable[[str, str, bool], dict[str, Any]]
-"""``(redacted input text, redacted output text, usage counted elsewhere) -> span attributes``."""
+Describe = Callable[[str, str, bool, Any], dict[str, Any]]
+"""``(redacted input text, redacted output text, usage counted elsewhere, the output already
+parsed from that text or None) -> span attributes``."""
 
 
 INPUT_HINT = (
@@ -248,7 +249,7 @@ def _prepare(call: _SdkCall, http: Http, request: Any) -> Any:
             span_name=f"{operation} {model}" if model else operation,
             input_hint=INPUT_HINT,
             view=exchange.response_record,
-            describe=lambda i, o: provider.describe(i, o, elsewhere),
+            describe=lambda i, o, parsed: provider.describe(i, o, elsewhere, parsed),
             rebuild_error=lambda error_type, message: http.transport_error(
                 error_type, message, request
             ),
