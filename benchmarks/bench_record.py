@@ -10,8 +10,9 @@ when the span starts: the comparison isolates stepfork's own work (binding, cano
 redaction, hashing, call numbering, the extra span API calls) from the SDK's.
 
 Variants: with the bundle processor attached as ``configure()`` attaches it (real use; the
-processor buffers every span of the run), with the per-run bundle write amortised over the calls
-or left out, and with no processor at all. A second baseline mirrors the boundary's own use of the
+processor queues each span for its writer thread, which builds and writes the run's bundle as it
+goes), with the per-run bundle write amortised over the calls or left out, and with no processor
+at all. A second baseline mirrors the boundary's own use of the
 span API (six attributes at start, the rest with ``set_attribute``) to show how much of the gap is
 SDK call pattern rather than stepfork's work.
 
@@ -55,7 +56,7 @@ from stepfork_otel import record, trace_tool
 from stepfork_otel.config import CONFIG
 from stepfork_otel.trace.canonical import canonical_bytes, canonical_json
 from stepfork_otel.trace.models import ToolCall, Trace
-from stepfork_otel.trace.payload import capture
+from stepfork_otel.trace.payload import Payload, capture
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR, Redactor
 
 SIZES = (200, 2_000, 20_000)
@@ -433,12 +434,13 @@ def _scrub(value: Any) -> Any:
 
 
 def _writer_side(work: _Workload) -> tuple[Measurement, Measurement]:
-    """What the writer thread does per call, timed alone on the calls' real spans: the
-    conversion (the per-span step, ``span_events``, and the event lines, ``encode``) and the
-    write of those bytes."""
+    """What the writer thread does per call, timed alone on the calls' real spans: taking the
+    queued span (``span_record``), the bundle builder's start and end of the call (its number,
+    its events: ``span_events``), the event lines (``encode``, ``commit``) -- and the write of
+    those bytes."""
     from stepfork_otel.otel.processor import span_record
+    from stepfork_otel.trace.builder import BundleBuilder
     from stepfork_otel.trace.bundle import BundleEncoder
-    from stepfork_otel.trace.conversion import span_events
 
     def calls() -> None:
         with record(scratch_dir() / "writer-side.sftrace"):
@@ -446,24 +448,42 @@ def _writer_side(work: _Workload) -> tuple[Measurement, Measurement]:
                 work.tool(value)
 
     spans = [s for s in work.recorder.capture_spans(calls) if s.attributes.get(k.KIND) == "tool"]
-    records = [span_record(s) for s in spans]
-    encoder = BundleEncoder(Trace(trace_id=records[0].trace_id))
-    encoded = [
-        encoder.encode([e for e in span_events(r, f"call-{n}", n, None) if e is not None]).data
-        for n, r in enumerate(records, 1)
+    # what the boundary hands over in-process with each span (the writer takes the payloads
+    # from there, not from the span, so it hashes nothing)
+    handed = [
+        {
+            key: Payload.from_text(s.attributes[value_key])
+            for key, value_key in ((k.INPUT, k.INPUT_VALUE), (k.OUTPUT, k.OUTPUT_VALUE))
+        }
+        for s in spans
     ]
-    sink = os.open(scratch_dir() / "writer-side.bytes", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    first = span_record(spans[0])
+    run_id = first.parent_span_id
+    encoded: list[bytes] = []
 
     def convert() -> None:
-        for n, r in enumerate(records, 1):
-            encoder.encode([e for e in span_events(r, f"call-{n}", n, None) if e is not None])
+        builder = BundleBuilder(first.trace_id, run_id, DEFAULT_REDACTOR)
+        builder.started(run_id or "", None, k.KIND_RUN)
+        encoder = BundleEncoder(Trace(trace_id=first.trace_id))
+        encoded.clear()
+        for span, payloads in zip(spans, handed, strict=True):
+            record = span_record(span, payloads, copy=False)
+            builder.started(record.span_id, run_id, k.KIND_TOOL, span)
+            done = builder.ended(record)
+            assert done is not None
+            lines = encoder.encode(done.events)
+            encoder.commit(lines)
+            encoded.append(lines.data)
+
+    convert()
+    sink = os.open(scratch_dir() / "writer-side.bytes", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
 
     def write() -> None:
         os.lseek(sink, 0, os.SEEK_SET)
         for data in encoded:
             os.write(sink, data)
 
-    return per_call(convert, len(records)), per_call(write, len(encoded))
+    return per_call(convert, len(spans)), per_call(write, len(encoded))
 
 
 def _handoff(work: _Workload) -> Measurement:
@@ -552,12 +572,17 @@ def _breakdown(
         ),
         line(
             "**processor + hand-off on the caller's thread** = call - call without processor "
-            "(on_start, on_end: bookkeeping, queueing)",
+            "(on_start, on_end: the hand-off read, two queue appends)",
             call - own,
             caller,
         ),
         row("... of it, the hand-off alone (keep x2, read, release)", "handoff", caller),
-        row("**conversion** (`span_events` + `encode`), on the writer thread", "convert", "writer"),
+        row(
+            "**builder** (the span taken, numbered, its events made and encoded), on the writer "
+            "thread",
+            "convert",
+            "writer",
+        ),
         row("**write** (`os.write` of the call's lines), on the writer thread", "write", "writer"),
         row("naive: stdlib json + every regex on every value + SHA-256, x2", "naive", "-", 2),
     ]

@@ -5,6 +5,10 @@ This module only re-exports the public API; ``tests/test_public_api.py`` pins it
 loaded on first use (PEP 562): ``import stepfork_otel`` -- which the ``stepfork`` command and the
 pytest plugin entry point also trigger in every pytest run -- then costs almost nothing until the
 API is used.
+
+It also wires the one thing a lower layer needs of a layer it may not import: a replay session
+records a fork (``ReplaySession.from_trace(..., fork_at=N, record_to=...)``) with ``otel/``'s
+run recorder, provided here by name (:func:`stepfork_otel._lazy.provide`; nothing is imported).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from stepfork_otel import _lazy
 from stepfork_otel._version import __version__
+
+_lazy.provide("fork recorder", "stepfork_otel.otel.run:fork_recorder")
 
 if TYPE_CHECKING:
     from stepfork_otel.otel.processor import SftraceSpanProcessor

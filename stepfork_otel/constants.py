@@ -85,6 +85,10 @@ REPLAY_MODE: Final = "stepfork.replay.mode"
 REPLAY_ACTION: Final = "stepfork.replay.action"
 #: On the root span of a replay no span encloses: the trace id of the recorded run it replays.
 REPLAY_OF: Final = "stepfork.replay.of"
+#: On the run span of a fork: the trace id of the run it was forked from (the span links to it).
+FORK_OF: Final = "stepfork.fork.of"
+#: On the run span of a fork: the fork point, the position of the first call that ran live.
+FORK_AT_CALL: Final = "stepfork.fork.at_call"
 #: Version of stepfork_otel that wrote the span.
 SDK_VERSION: Final = "stepfork.sdk.version"
 

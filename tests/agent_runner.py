@@ -45,9 +45,12 @@ def main(
     return 0
 
 
-def run_agent(script: Path, scenario: str, mode: str, bundle: Path, url: str) -> dict[str, Any]:
-    """Run ``script`` in a fresh process; its ``OUT.json`` sits beside the bundle."""
-    out = bundle.with_suffix(f".{mode}.json")
+def run_agent(
+    script: Path, scenario: str, mode: str, bundle: Path, url: str, name: str | None = None
+) -> dict[str, Any]:
+    """Run ``script`` in a fresh process; its ``OUT.json`` sits beside the bundle (``name``: its
+    name, when ``mode`` does not make a file name)."""
+    out = bundle.with_suffix(f".{mode}.json") if name is None else bundle.with_name(f"{name}.json")
     env = dict(os.environ, PYTHONPATH=str(ROOT), OPENAI_AGENTS_DISABLE_TRACING="1")
     env.pop("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", None)
     done = subprocess.run(

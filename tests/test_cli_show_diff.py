@@ -252,6 +252,7 @@ def test_show_json_holds_what_the_tree_shows(bundles: Bundles) -> None:
         "complete",
         "incomplete_reason",
         "created_by",
+        "forked_from",
         "run",
         "calls",
         "context_spans",

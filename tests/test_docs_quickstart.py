@@ -40,7 +40,7 @@ TIMEOUT_SECONDS = 600  # a hang guard: a command takes seconds, ten times that u
 SETUP_COMMANDS = [
     'python3 -m venv .venv && .venv/bin/pip install -q -e ".[dev]" && '
     ".venv/bin/python examples/booking_agent.py",
-    ".venv/bin/python -m pytest",
+    ".venv/bin/python -m pytest -n 2",
 ]
 ACTIVATE = ". .venv/bin/activate"
 

@@ -98,7 +98,7 @@ def test_trace_tool_sync(
 def test_trace_tool_sync_span_start(
     recording: Recording, logged: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(boundaries, "call_starting", explode)
+    monkeypatch.setattr(boundaries, "next_call_number", explode)
     assert tool(2) == 4
     assert calls == ["tool"]
     assert internal_errors(logged) == [
@@ -409,7 +409,7 @@ def test_inside_a_replay_session_a_span_that_cannot_open_raises(
         tool(1)
     calls.clear()
     session = ReplaySession.from_trace(tmp_path / "rec.sftrace")
-    monkeypatch.setattr(boundaries, "call_starting", explode)
+    monkeypatch.setattr(boundaries, "next_call_number", explode)
     with session, pytest.raises(Forced):
         tool(1)
     assert calls == []
@@ -438,7 +438,7 @@ def test_a_refused_call_whose_span_cannot_open_is_logged_and_still_refused(
     with record(tmp_path / "rec.sftrace"):
         tool(1)
     session = ReplaySession.from_trace(tmp_path / "rec.sftrace", mode="forbidden")
-    monkeypatch.setattr(boundaries, "call_starting", explode)
+    monkeypatch.setattr(boundaries, "next_call_number", explode)
     monkeypatch.setattr(internal, "RAISE_INTERNAL_ERRORS", False)
     with session, pytest.raises(ReplayPolicyError, match="rejects every dependency call"):
         tool(1)

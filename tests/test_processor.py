@@ -698,3 +698,26 @@ def test_a_call_made_after_the_call_it_was_made_in_ended_is_said(
     assert recording.processor.stats.dropped_spans == 1
     trace = Trace.load(recording.directory / f"{trace_id}.sftrace")
     assert [c.span_id for c in trace.calls][-1] == f"{outer.get_span_context().span_id:016x}"
+
+
+def test_a_second_local_root_of_a_trace_is_written_as_it_goes_too(recording: Recording) -> None:
+    """Two requests of one distributed trace open at once here: each bundle holds its calls as
+    they end, the second's as much as the first's (it used to be buffered until its root ended)."""
+    parent = _remote_parent(0xABE)
+    tracer = recording.provider.get_tracer("app")
+    first = tracer.start_span("first request", context=parent)
+    second = tracer.start_span("second request", context=parent)
+    with trace_api.use_span(first):
+        lookup("1a")
+    with trace_api.use_span(second):
+        lookup("2a")
+    assert recording.provider.force_flush()
+    trace_id = f"{0xABE:032x}"
+    during = {p.name: [c.input for c in Trace.load(p).calls] for p in recording.directory.iterdir()}
+    assert during == {
+        f"{trace_id}.sftrace": ['{"key":"1a","limit":2}'],
+        f"{trace_id}-outside-runs.sftrace": ['{"key":"2a","limit":2}'],
+    }
+    second.end()
+    first.end()
+    assert all(Trace.load(p).complete for p in recording.directory.iterdir())

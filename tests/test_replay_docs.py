@@ -8,14 +8,15 @@ import contextlib
 import re
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from conftest import ROOT
 
+from examples import booking_agent
 from examples.booking_agent import run_agent
-from stepfork_otel import RecordedDependencyError, ReplaySession, Trace
+from stepfork_otel import RecordedDependencyError, ReplayPolicyError, ReplaySession, Trace
 from stepfork_otel.assertions import assert_tool_not_called, assert_tool_sequence
 
 DOC = ROOT / "docs" / "replay.md"
@@ -117,6 +118,47 @@ def _tampered() -> None:
     ReplaySession.from_trace(trace.model_copy(update={"events": events}))
 
 
+@contextlib.contextmanager
+def _full_flights_hidden() -> Iterator[None]:
+    """The fix the page's fork tries: full flights never reach the model."""
+    search = booking_agent.search_flights
+    booking_agent.search_flights = lambda **args: [  # type: ignore[assignment]
+        f for f in search(**args) if f["seats_left"]
+    ]
+    try:
+        yield
+    finally:
+        booking_agent.search_flights = search
+
+
+def _fork() -> str:
+    lines: list[str] = []
+    fork_path = _BUNDLES[0] / "fixed.sftrace"
+    with (
+        _full_flights_hidden(),
+        ReplaySession.from_trace(
+            _bundle(FAILURE), fork_at=3, record_to=fork_path, allow_live_tools=["book_flight"]
+        ) as fork,
+    ):
+        try:
+            run_agent("Book me the cheapest flight to Paris.")
+        except ReplayPolicyError as exc:
+            lines.append(f"stopped: {exc.reason}")
+    assert fork.fork_bundle == fork_path
+    lines.append(str(fork.summary))
+    return "\n".join(lines)
+
+
+def _fork_prefix_differs() -> None:
+    with (
+        _full_flights_hidden(),
+        ReplaySession.from_trace(
+            _bundle(FAILURE), fork_at=3, record_to=_BUNDLES[0] / "lyon.sftrace"
+        ),
+    ):
+        run_agent("Book me the cheapest flight to Lyon.")
+
+
 SCENARIOS: dict[str, Callable[[], str]] = {
     "frozen replay and summary": _frozen_failure,
     "prompt drift": lambda: _raised(_prompt_drift),
@@ -126,6 +168,8 @@ SCENARIOS: dict[str, Callable[[], str]] = {
     "verify_complete": lambda: _raised(_never_ran),
     "assertion": lambda: _raised(_assertion),
     "integrity": lambda: _raised(_tampered),
+    "fork": _fork,
+    "fork prefix differs": lambda: _raised(_fork_prefix_differs),
 }
 
 

@@ -6,7 +6,9 @@ stepfork failure that leaves the SDK call alone."""
 
 from __future__ import annotations
 
+import gc
 import json
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,12 @@ def llm() -> Iterator[FakeLLM]:
         yield server
     stepfork_otel.uninstrument_openai()
     stepfork_otel.uninstrument_anthropic()
+    # The tests here make short-lived SDK clients and leave them open: collect them now, in the
+    # test that made them, not in whichever later test's gc.collect() finds their sockets (whose
+    # ResourceWarning then fails that test under filterwarnings=error).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
 
 
 def boundary_spans(recording: Recording) -> list[Any]:

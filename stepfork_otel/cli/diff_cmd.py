@@ -6,6 +6,9 @@ name or LLM provider/model, the input, and the *outcome*: a tool's result or an 
 answer is found even when every request was the same), or the recorded failure type -- and
 finally the run's outcome and output. Ids, timestamps and durations are not compared.
 
+A fork and its original (or two forks of one run at the same call) share the calls before the
+fork point, byte for byte: the comparison starts at the fork point, and says so.
+
 Why stop at the first difference: everything after it usually differs *because of* it (a changed
 tool result changes the next prompt), so the first point is the one worth reading.
 
@@ -37,6 +40,7 @@ from stepfork_otel.cli._common import (
 from stepfork_otel.replay.errors import BundleIntegrityError, first_difference
 from stepfork_otel.replay.outcome import same_type_name
 from stepfork_otel.replay.report import report_preview
+from stepfork_otel.trace.bundle import bundle_fingerprint
 from stepfork_otel.trace.canonical import stored_or_sha256
 from stepfork_otel.trace.checks import verify_integrity
 from stepfork_otel.trace.models import (
@@ -128,8 +132,41 @@ def _describe_outcome(outcome: OutcomeEvent | None) -> str:
     return "returned"
 
 
-def compare(a: Trace, b: Trace, verbose: bool) -> Difference | None:
-    """The first difference between two runs, or None when they are the same."""
+def shared_prefix(a: Trace, b: Trace, verbose: bool) -> tuple[int, str | None]:
+    """Where the comparison starts -- the fork point when one bundle is a fork of the other, or
+    both are forks of one run at the same call (their calls before it are that run's, byte for
+    byte) -- and the line that says so; ``(1, None)`` for other runs. Forks are told by the
+    original's trace id *and* its bundle's lines fingerprint: a fork of another recording of
+    the same trace is compared from the start."""
+    fa, fb = a.forked_from, b.forked_from
+    for fork, origin, name, other in ((fb, a, "B", "A"), (fa, b, "A", "B")):
+        if fork is None or fork.trace_id != origin.trace_id:
+            continue
+        if fork.lines_sha256 != bundle_fingerprint(origin):
+            return 1, (
+                f"{name} names {other}'s trace as the run it was forked from, but not this "
+                f"bundle of it (lines sha256 {abbreviate(fork.lines_sha256, verbose)}): "
+                "compared from the start"
+            )
+        return fork.at_call, (
+            f"{name} was forked from {other} at call {fork.at_call}: the calls before it are "
+            f"{other}'s own, compared from call {fork.at_call}"
+        )
+    if (
+        fa is not None
+        and fb is not None
+        and (fa.trace_id, fa.lines_sha256, fa.at_call) == (fb.trace_id, fb.lines_sha256, fb.at_call)
+    ):
+        return fa.at_call, (
+            f"both were forked from trace {abbreviate(fa.trace_id, verbose)} at call "
+            f"{fa.at_call}: the calls before it are that run's, compared from call {fa.at_call}"
+        )
+    return 1, None
+
+
+def compare(a: Trace, b: Trace, verbose: bool, start: int = 1) -> Difference | None:
+    """The first difference between two runs, or None when they are the same. ``start``: the
+    first call compared (:func:`shared_prefix`: the calls before a fork point are the same)."""
     ra, rb = a.run, b.run
     sa, sb = (
         stored_or_sha256(ra.input, ra.input_sha256),
@@ -147,6 +184,8 @@ def compare(a: Trace, b: Trace, verbose: bool) -> Difference | None:
     pos_a = {c.id: n for n, c in enumerate(calls_a, 1)}
     pos_b = {c.id: n for n, c in enumerate(calls_b, 1)}
     for n, (ca, cb) in enumerate(zip(calls_a, calls_b, strict=False), 1):
+        if n < start:
+            continue
         where = f"call {n} (A {ca.id}, B {cb.id})"
         at = (n, ca.id, cb.id)
         head = [f"A: {ca.id} {call_label(ca)}", f"B: {cb.id} {call_label(cb)}"]
@@ -284,12 +323,15 @@ def run(args: argparse.Namespace) -> int:
     a = load_bundle(args.a)
     b = load_bundle(args.b)
     check_integrity((args.a, a), (args.b, b))
-    difference = compare(a, b, args.verbose)
+    start, shared = shared_prefix(a, b, args.verbose)
+    difference = compare(a, b, args.verbose, start)
     code = EXIT_OK if difference is None else EXIT_DIFFERENT
     if args.json:
         data = {
             "a": _side(args.a, a),
             "b": _side(args.b, b),
+            "compared_from_call": start,
+            "shared": shared,
             "same": difference is None,
             "difference": None if difference is None else difference.to_dict(),
             "exit_code": code,
@@ -298,6 +340,8 @@ def run(args: argparse.Namespace) -> int:
         return code
     style = Style(sys.stdout)
     lines = [f"A: {args.a}  ({_summary(a)})", f"B: {args.b}  ({_summary(b)})"]
+    if shared is not None:
+        lines.append(shared)
     if difference is None:
         lines.append(
             style.green("same")

@@ -59,6 +59,7 @@ from stepfork_otel.cli._common import (
     run_heading,
     terminal_safe,
 )
+from stepfork_otel.replay import fork
 from stepfork_otel.replay.errors import (
     RecordedDependencyError,
     ReplayError,
@@ -102,8 +103,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--mode",
         default=None,
         metavar="MODE",
-        help="replay mode: frozen, live, hybrid, forbidden, manual (default: frozen; manual with "
-        "--approve or --approve-all)",
+        help="replay mode: frozen, live, hybrid, forbidden, manual (default: frozen; live with "
+        "--fork-at; manual with --approve or --approve-all)",
     )
     parser.add_argument(
         "--approve",
@@ -151,6 +152,21 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="a clock/random/uuid read that departs from the recording: strict (default) "
         "fails at the read, lenient reads live and notes it",
     )
+    parser.add_argument(
+        "--fork-at",
+        type=int,
+        default=None,
+        metavar="N",
+        help="fork the run at call N (as stepfork show numbers it): the calls before it replayed "
+        "frozen and matched, the run live from it (LLMs run; tools as --allow-live-tool and "
+        "their policies say)",
+    )
+    parser.add_argument(
+        "--record",
+        default=None,
+        metavar="PATH",
+        help="with --fork-at: keep the fork as a bundle of its own at PATH",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     add_common_arguments(parser)
 
@@ -179,11 +195,18 @@ CLI_WORDING: tuple[tuple[re.Pattern[str], str], ...] = (
         ", and stepfork replay approves calls only in manual mode (--approve CALL_ID)",
     ),
     (re.compile(r"\(this session is '(\w+)'\)"), r"(this replay is --mode \1)"),
+    (re.compile(r"leave the mode out, or say 'live'"), "leave --mode out, or say --mode live"),
+    (re.compile(r"\bfork_at=(\d+)"), r"--fork-at \1"),
+    (
+        re.compile(r"record_to records a fork \(fork_at=N\)"),
+        "--record records a fork (--fork-at N)",
+    ),
     (re.compile(r"^mode '(\w+)' needs live_llms\b"), r"--mode \1 needs --live-llm"),
     (re.compile(r"\bonly applies to mode '(\w+)'"), r"only applies to --mode \1"),
     # whatever else names them
     (re.compile(r"\ballow_live_tools\b"), "--allow-live-tool"),
     (re.compile(r"\blive_llms\b"), "--live-llm"),
+    (re.compile(r"\bfork_at\b"), "--fork-at"),
     (re.compile(r"ReplaySession\(\.\.\., approve=\.\.\.\)"), "--approve CALL_ID"),
 )
 
@@ -319,14 +342,16 @@ def execute(
         contextlib.redirect_stdout(sys.stderr) if stdout_to_stderr else contextlib.nullcontext()
     )
     ticker = Progress(describe) if progress else contextlib.nullcontext()
-    with session, redirect, ticker:
-        try:
+    try:  # (what the agent raised leaves the session: a fork's run records it as its failure)
+        with session, redirect, ticker:
             value = fn(*args, **kwargs)
             if inspect.isawaitable(value):
                 value = asyncio.run(_await(value))
             execution.returned = value
-        except (Exception, SystemExit) as exc:  # what the agent raised is part of the report
-            execution.raised = exc
+            if session.record_to is not None:
+                session.set_output(value)  # the fork's output, in its bundle
+    except (Exception, SystemExit) as exc:  # what the agent raised is part of the report
+        execution.raised = exc
     if not session.errors:
         with contextlib.suppress(ReplayError):
             session.verify_complete()
@@ -350,6 +375,8 @@ class ReplayReport:
     @property
     def exit_code(self) -> int:
         matched = self.result.ok
+        if self.result.fork_at is not None:  # a fork's output is its own: compared, not judged
+            return EXIT_OK if matched else EXIT_DIFFERENT
         return EXIT_OK if matched and self.outcome.ok else EXIT_DIFFERENT
 
     def recorded_summary(self) -> str:
@@ -367,6 +394,13 @@ class ReplayReport:
         return f"{run.name or 'run'}, {status}, {len(self.trace.calls)} calls"
 
     def conclusion(self) -> str:
+        fork_at = self.result.fork_at
+        if fork_at is not None:
+            if self.exit_code == EXIT_OK:
+                return f"forked at call {fork_at}: the calls before it replayed, the rest ran live"
+            if self.result.forked_after is None:
+                return f"the fork point (call {fork_at}) was not reached"
+            return f"forked at call {fork_at}, and the live run was refused a call"
         if self.exit_code == EXIT_OK:
             if self.outcome.verdict == "REPRODUCED FAILURE":
                 return "reproduced the recorded failure"
@@ -386,6 +420,7 @@ class ReplayReport:
             "trace_id": self.trace.trace_id,
             "entrypoint": self.entrypoint,
             "mode": self.mode.value,
+            "fork_at": self.result.fork_at,
             "recorded_run": {
                 "name": run.name,
                 "status": run.status,
@@ -413,7 +448,8 @@ class ReplayReport:
         i = "   "
         lines = [
             style.bold(f"stepfork replay {self.trace_path}"),
-            f"{i}entrypoint {self.entrypoint} · mode {self.mode.value}",
+            f"{i}entrypoint {self.entrypoint} · mode {self.mode.value}"
+            + ("" if self.result.fork_at is None else f" · forked at call {self.result.fork_at}"),
             f"{i}recorded run: {self.recorded_summary()} "
             f"(trace {abbreviate(self.trace.trace_id, verbose)})",
         ]
@@ -440,6 +476,10 @@ class ReplayReport:
             style.bold("3. Output comparison: ") + style.status(self.outcome.verdict),
             f"{i}{self.outcome.detail}",
         ]
+        if self.result.fork_at is not None:
+            lines.append(
+                f"{i}(a fork's output is its own: compared with the original's, not judged)"
+            )
         if self.outcome.recorded_sha256 or self.outcome.replayed_sha256:
             lines.append(
                 f"{i}recorded output sha256 {abbreviate(self.outcome.recorded_sha256, verbose)}"
@@ -490,10 +530,12 @@ def _notes(
 
 
 def _mode(args: argparse.Namespace) -> ReplayMode:
-    """The replay mode: ``--mode``, else manual when approvals are given, else frozen."""
+    """The replay mode: ``--mode``, else manual when approvals are given, live for a fork
+    (``--fork-at``), else frozen; and the fork options checked against it."""
     approving = bool(args.approve) or args.approve_all
+    default = "manual" if approving else "live" if args.fork_at is not None else "frozen"
     try:
-        mode = parse_mode(args.mode or ("manual" if approving else "frozen"))
+        mode = parse_mode(args.mode or default)
     except ReplayModeError as exc:
         raise CliError(str(exc)) from None
     if approving and mode is not ReplayMode.MANUAL:
@@ -502,6 +544,10 @@ def _mode(args: argparse.Namespace) -> ReplayMode:
             f"{flag} only applies to --mode manual (this replay is --mode {mode.value}); leave "
             f"out --mode: {flag} replays in manual mode"
         )
+    try:
+        fork.check_options(mode, args.fork_at, args.record)
+    except ReplayModeError as exc:
+        raise CliError(cli_wording(str(exc))) from None
     return mode
 
 
@@ -535,6 +581,8 @@ def run(args: argparse.Namespace) -> int:
             approve=approve,
             allow_network=allow_network,
             captured=args.captured,
+            fork_at=args.fork_at,
+            record_to=args.record,
             source=args.trace,
         )
     except BundleError as exc:  # tampered bundle
@@ -564,6 +612,13 @@ def run(args: argparse.Namespace) -> int:
     )
     if mode is not ReplayMode.MANUAL:
         report.hints = _policy_hint(trace, report.result, args)
+    if args.record is not None:
+        report.notes.append(
+            f"the fork's bundle: {session.fork_bundle}"
+            if session.fork_bundle is not None
+            else "no fork bundle was written: the fork point was not reached, or a call before "
+            "it diverged"
+        )
     if args.json:
         print(json_text(report.to_dict(args.verbose)))
     else:

@@ -170,6 +170,8 @@ def run_lines(trace: Trace, style: Style, verbose: bool) -> list[str]:
     if trace.created_by:
         head.append(trace.created_by)
     lines.append("  " + " · ".join(head))
+    if trace.forked_from is not None:
+        lines.append("  " + forked_from_line(trace, verbose))
     if run.entrypoint:
         lines.append(f"  entrypoint {run.entrypoint} (recorded hint; never executed)")
     if has_run_span(trace):  # (calls outside a run have no run input or output)
@@ -204,6 +206,22 @@ def run_lines(trace: Trace, style: Style, verbose: bool) -> list[str]:
             f"  your own spans around the calls: {report_preview(names, verbose, limit=80)}"
         )
     return lines
+
+
+def forked_from_line(trace: Trace, verbose: bool) -> str:
+    """Where a fork comes from: the original's trace and bundle, the fork point, and which calls
+    are the original's (its lines fingerprint is in ``--json``)."""
+    origin = trace.forked_from
+    assert origin is not None
+    at = origin.at_call
+    where = f" ({origin.bundle})" if origin.bundle else ""
+    shared = (
+        "call 1 is" if at == 2 else "none of its calls is" if at == 1 else f"calls 1-{at - 1} are"
+    )
+    return (
+        f"forked from trace {abbreviate(origin.trace_id, verbose)}{where} at call {at}: "
+        f"{shared} that run's"
+    )
 
 
 @dataclass(frozen=True)
@@ -400,6 +418,9 @@ def show_data(path: str, trace: Trace, rows: list[CallRow], verbose: bool) -> di
         "complete": trace.complete,
         "incomplete_reason": trace.incomplete_reason,
         "created_by": trace.created_by,
+        "forked_from": (
+            None if trace.forked_from is None else trace.forked_from.model_dump(exclude_none=True)
+        ),
         "run": run_data(trace, verbose),
         "calls": [row.to_dict() for row in rows],
         "context_spans": list(dict.fromkeys(s.name for s in trace.context)),

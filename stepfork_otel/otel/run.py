@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from contextvars import Token
 from pathlib import Path
 from types import TracebackType
@@ -18,7 +18,8 @@ from typing import Any
 
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind, TraceFlags
+from opentelemetry.util.types import AttributeValue
 
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors
@@ -34,7 +35,7 @@ from stepfork_otel.recording.spans import (
     record_failure,
     write_payload,
 )
-from stepfork_otel.trace.models import Trace
+from stepfork_otel.trace.models import ForkOrigin, RunInfo, Trace, payload_value
 from stepfork_otel.trace.payload import capture
 
 logger = logging.getLogger("stepfork_otel")
@@ -55,7 +56,12 @@ class RunRecorder:
         flush_interval: float | None = None,
         fsync_interval: float | None = None,
         capture: str | Iterable[str] | None = None,
+        links: Sequence[Link] = (),
+        attributes: Mapping[str, AttributeValue] | None = None,
     ) -> None:
+        """``links`` and ``attributes``: more for the run span (a fork's: :func:`fork_recorder`)."""
+        self._links = tuple(links)
+        self._attributes = dict(attributes or {})
         self._groups, self._audit = determinism.capture_groups(
             CONFIG.settings.capture if capture is None else capture
         )
@@ -122,11 +128,13 @@ class RunRecorder:
             attributes[k.RUN_KEEP] = True
         if self._groups or self._audit:
             attributes[k.CAPTURE] = determinism.capture_label(self._groups, self._audit)
+        attributes.update(self._attributes)
         tracer = CONFIG.tracer()
         span = tracer.start_span(
             f"{k.OP_INVOKE_AGENT} {self.name}",
             kind=SpanKind.INTERNAL,
             attributes=attributes,
+            links=self._links,
             start_time=call_start_time(),
             record_exception=False,
             set_status_on_exception=False,
@@ -253,4 +261,29 @@ def record(
         flush_interval=flush_interval,
         fsync_interval=fsync_interval,
         capture=capture,
+    )
+
+
+def fork_recorder(destination: Path, *, origin: ForkOrigin, run: RunInfo) -> RunRecorder:
+    """The recording of a fork's run (``ReplaySession.from_trace(..., fork_at=N,
+    record_to=...)``; the package face provides it to ``replay/``): a run named as the original
+    ``run``, with its input and what it captured (else what ``configure(capture=...)`` says),
+    whose span says where it was forked from and links to the original run's span."""
+    links = []
+    if origin.span_id is not None:
+        original = SpanContext(
+            int(origin.trace_id, 16),
+            int(origin.span_id, 16),
+            is_remote=True,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        )
+        links.append(Link(original, {k.FORK_AT_CALL: origin.at_call}))
+    return RunRecorder(
+        destination,
+        input=_UNSET if run.input is None else payload_value(run.input),
+        name=run.name or "agent",
+        entrypoint=run.entrypoint,
+        capture=run.capture or None,
+        links=links,
+        attributes={k.FORK_OF: origin.trace_id, k.FORK_AT_CALL: origin.at_call},
     )

@@ -58,10 +58,11 @@ from stepfork_otel.recording.determinism import mark_body, take_pending
 from stepfork_otel.recording.handoff import HANDOFF
 from stepfork_otel.recording.integrations.genai import describe_request
 from stepfork_otel.recording.spans import (
-    call_starting,
+    CALL_START_LOCK,
     check_attributes_kept,
     end_span,
     first_call_of_trace,
+    next_call_number,
     record_failure,
     span_payload_attributes,
     usage_attributes,
@@ -266,7 +267,8 @@ def _open_span(prepared: _Prepared, *, body: bool = True) -> tuple[Span, object 
         if prepared.described:
             _add_last(prepared.attributes, prepared.described)
         tracer = CONFIG.tracer()
-        with call_starting(parent.trace_id if parent.is_valid else None) as (seq, start):
+        with CALL_START_LOCK:  # (the order spans start in is the order of their numbers)
+            seq, start = next_call_number(parent.trace_id if parent.is_valid else None)
             prepared.attributes[k.CALL_SEQ] = seq
             span = tracer.start_span(
                 prepared.span_name,

@@ -36,7 +36,9 @@ replay serves each thread its own values whatever order the threads read in.
 attribute (:data:`~stepfork_otel.constants.CAPTURED`), on the span of the next boundary call when
 it starts; the reads after the last call go on the run span when it ends. So they travel with the
 spans -- written with the call, exported over OTLP, rebuilt by ``stepfork import`` -- and the
-one span -> event conversion puts them in the bundle (``Trace.captured``).
+one span -> event conversion puts them in the bundle (``Trace.captured``). In a replay, a read the
+session does not serve is read live -- and recorded, when a run records the replay (a fork's live
+part, ``ReplaySession(..., fork_at=N, record_to=...)``).
 """
 
 from __future__ import annotations
@@ -562,8 +564,11 @@ def _read(group: str, source: str, serve: _Serve, live: Callable[[], Any], depth
     capture, session, where = whose
     if session is not None:
         served, value = session.serve_read(group, source, where)
-        return serve.decode(value) if served else live()
-    assert capture is not None
+        if served:
+            return serve.decode(value)
+        if capture is None:
+            return live()
+    assert capture is not None  # (a read live in a replay that a run records: recorded)
     if not _records(capture, group, source, where):
         return live()
     result = live()
@@ -676,10 +681,13 @@ def _wrap_random(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
         if whose is None:
             return real(*args, **kwargs)
         capture, session, where = whose
-        if session is not None:
-            served, draws = session.serve_read(k.CAPTURE_RANDOM, source, where)
-            if not served:
-                return real(*args, **kwargs)
+        served, draws = (
+            (False, None)
+            if session is None
+            else session.serve_read(k.CAPTURE_RANDOM, source, where)
+        )
+        if served:
+            assert session is not None
             tape = _Tape(draws if isinstance(draws, list) else [])
             try:
                 result = getattr(tape, name)(*args, **kwargs)
@@ -690,8 +698,7 @@ def _wrap_random(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
                     source, where, "the run drew fewer random numbers here than the recording"
                 )
             return result
-        assert capture is not None
-        if not _records(capture, k.CAPTURE_RANDOM, source, where):
+        if capture is None or not _records(capture, k.CAPTURE_RANDOM, source, where):
             return real(*args, **kwargs)
         tape = _Tape()
         result = getattr(tape, name)(*args, **kwargs)

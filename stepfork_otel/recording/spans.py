@@ -6,13 +6,11 @@ Only the OpenTelemetry API is used here.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
 
@@ -63,15 +61,17 @@ def call_start_time() -> int:
         return _tick()
 
 
-@contextlib.contextmanager
-def call_starting(trace_id: int | None) -> Iterator[tuple[int, int]]:
+CALL_START_LOCK = _seq_lock
+"""Held while a boundary takes its call's number (:func:`next_call_number`) and starts its span."""
+
+
+def next_call_number(trace_id: int | None) -> tuple[int, int]:
     """(sequence number, start time in ns) for a new call in the trace ``trace_id`` (None: a
-    call that opens a new trace: number 1), the numbering held until the block -- which starts
-    the call's span -- ends."""
+    call that opens a new trace: number 1). The caller holds :data:`CALL_START_LOCK` until the
+    call's span has started."""
     with _seq_lock:
         if trace_id is None:
-            yield 1, _tick()
-            return
+            return 1, _tick()
         counter = _seq_by_trace.get(trace_id)
         if counter is None:
             counter = _seq_by_trace[trace_id] = itertools.count(1)
@@ -79,7 +79,7 @@ def call_starting(trace_id: int | None) -> Iterator[tuple[int, int]]:
                 _seq_by_trace.popitem(last=False)
         else:
             _seq_by_trace.move_to_end(trace_id)
-        yield next(counter), _tick()
+        return next(counter), _tick()
 
 
 def first_call_of_trace(trace_id: int) -> None:

@@ -12,7 +12,8 @@ Two questions, asked of every call in a fixed order by the session:
 2. the refusals, which raise :class:`ReplayPolicyError`: :func:`refuse_unmatched` before
    anything is matched (mode ``forbidden``, ``manual`` without an approver: no recorded call has
    a say), :func:`refuse_matched` once the call matched (policy ``forbidden``, a live
-   tool not allow-listed, the approval callback).
+   tool not allow-listed, the approval callback); after the fork point of a fork, where no
+   recorded call stands for a call, :func:`refuse_after_fork`.
 
 Why refusals are raised here and not returned: a refusal is final for the call, the session only
 records it (see the session's docstring for why a refusal never moves the cursor). Why the
@@ -32,6 +33,7 @@ from typing import Protocol
 
 from stepfork_otel.recording.contract import BoundaryCall
 from stepfork_otel.replay.errors import ReplayModeError, ReplayPolicyError, ReplaySessionError
+from stepfork_otel.replay.fork import live_call
 from stepfork_otel.replay.matching import describe_call
 from stepfork_otel.replay.plan import RecordedCall
 from stepfork_otel.trace.models import LlmRequest, label
@@ -44,6 +46,7 @@ __all__ = [
     "check_options",
     "names",
     "parse_mode",
+    "refuse_after_fork",
     "refuse_matched",
     "refuse_outside",
     "refuse_unmatched",
@@ -256,13 +259,25 @@ def refuse_matched(
         )
     if mode is not ReplayMode.MANUAL and not policy.needs_approval:
         return
-    what = label(call.kind, call.name, call.provider, call.model)
     if mode is ReplayMode.MANUAL:
         why = "manual mode"
     elif policy.recorded in (ReplayPolicy.MANUAL, ReplayPolicy.FORBIDDEN):
         why = f"recorded policy {policy.recorded.value!r}"
     else:
         why = policy.who(policy.declared)
+    _ask_approval(rules, call, expected, why, position, expected)
+
+
+def _ask_approval(
+    rules: Rules,
+    call: BoundaryCall,
+    subject: RecordedCall,
+    why: str,
+    position: int,
+    expected: RecordedCall | None,
+) -> None:
+    """Ask the approval callback about ``subject``; refuse the call unless it says yes."""
+    what = label(call.kind, call.name, call.provider, call.model)
     approve = rules.approve
     if approve is None:
         raise _refused(
@@ -272,13 +287,48 @@ def refuse_matched(
             "given (ReplaySession(..., approve=...))",
             expected,
         )
-    if not approve(expected):
+    if not approve(subject):
         raise _refused(
             call,
             position,
             f"{what} needs an explicit approval ({why}) and was not approved",
             expected,
         )
+
+
+def refuse_after_fork(rules: Rules, call: BoundaryCall, fork_at: int, position: int) -> None:
+    """Refusals of a call after the fork point of a fork, where the run is live and no recorded
+    call stands for the call: its policy (declared by today's code) and the allowlist decide as in
+    ``live`` mode -- ``forbidden`` refused, ``frozen`` refused (there is nothing to substitute),
+    a tool not allow-listed refused, ``manual`` asks the approval callback about the call about
+    to run (:func:`~stepfork_otel.replay.fork.live_call`)."""
+    policy = EffectivePolicy(call.policy, call.policy)
+    after = f"after the fork point (call {fork_at}) the run is live"
+    what = label(call.kind, call.name, call.provider, call.model)
+    if policy.forbidden:
+        raise _refused(
+            call,
+            position,
+            f"{what} has replay policy 'forbidden': {after}, and a forbidden call never runs "
+            "during a replay, allow-listed or not; its body did not run",
+        )
+    if policy.never_live:
+        raise _refused(
+            call,
+            position,
+            f"{what} has replay policy 'frozen': it is only ever substituted from a recording, "
+            f"and {after}, with no recorded call to substitute; its body did not run",
+        )
+    if verdict_for(rules, call, policy) is Verdict.DENY:
+        raise _refused(
+            call,
+            position,
+            f"tool {call.name!r} may not run live: {after}, and a tool runs only when it is "
+            f"named in allow_live_tools (--allow-live-tool {call.name}); its body did not run",
+        )
+    if policy.needs_approval:
+        subject = live_call(call, position)
+        _ask_approval(rules, call, subject, policy.who(ReplayPolicy.MANUAL), position, None)
 
 
 def untraced_tool(

@@ -508,6 +508,14 @@ class NetworkGuard:
         finally:
             _PATCHES.release(self)
 
+    def narrow(self) -> None:
+        """Stop governing every context of the process: from now on only the contexts that carry
+        the guard (a fork past its fork point, whose run is live)."""
+        global _WHOLE_PROCESS
+        with _PATCHES.lock:
+            self.whole_process = False
+            _WHOLE_PROCESS = tuple(g for g in _WHOLE_PROCESS if g is not self)
+
     def enter_live(self) -> LiveToken:
         """Let this context reach the network until :meth:`exit_live` (an executed boundary body).
         Does nothing in a context this guard does not guard. Another session's whole-process
@@ -879,12 +887,13 @@ class _Patches:
     hook, added once and switched on while any guard is active."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
+        """Held while the guards and patches change (a guard narrowing takes it too)."""
         self._count = 0
         self._patcher = Patcher("the replay network guard")
 
     def acquire(self, guard: NetworkGuard) -> None:
-        with self._lock:
+        with self.lock:
             self._count += 1
             guard._activations += 1
             try:
@@ -895,7 +904,7 @@ class _Patches:
                 raise
 
     def release(self, guard: NetworkGuard) -> None:
-        with self._lock:
+        with self.lock:
             self._leave(guard)
 
     def _leave(self, guard: NetworkGuard) -> None:

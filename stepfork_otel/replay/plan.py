@@ -40,7 +40,7 @@ from stepfork_otel.trace.models import (
 )
 from stepfork_otel.trace.policy import ReplayPolicy
 
-CallState = Literal["pending", "consumed", "skipped", "not_reached"]
+CallState = Literal["pending", "consumed", "skipped", "not_reached", "after_fork"]
 
 
 @dataclass(slots=True)
@@ -61,8 +61,9 @@ class RecordedCall:
     fingerprint_source: str = "stored"
     state: CallState = "pending"
     """``pending`` (not reached yet), ``consumed`` (matched: substituted or executed), ``skipped``
-    (inside a substituted call, whose body did not run) or ``not_reached`` (inside an executed
-    call whose body did not make it)."""
+    (inside a substituted call, whose body did not run), ``not_reached`` (inside an executed
+    call whose body did not make it) or ``after_fork`` (at or after the fork point of a fork,
+    which runs live from there: nothing after it is replayed)."""
     start_ns: int = 0
     """When the call started in the recorded run (``time_unix_nano`` of the call event)."""
     end_ns: int = 0

@@ -110,6 +110,22 @@ class ReadServer:
         (threads the run's own code did not start share a number)."""
         self.notes: list[str] = []
         self.uncaptured: list[str] = []
+        self.live = False
+        """Past a fork point: every read is live (nothing is served)."""
+
+    def fork(self, at_call: int) -> None:
+        """A fork reached its fork point (call ``at_call`` runs live): from here every read is
+        live. The recorded reads made from the fork point on are no longer the run's to make;
+        those made before it still are (one the run skipped is left over, as in any replay)."""
+
+        def before(read: CapturedRead) -> bool:
+            return read.before_call is not None and read.before_call < at_call
+
+        for thread, reads in self.threads.items():
+            cursor = self.cursors[thread]
+            reads[cursor:] = [read for read in reads[cursor:] if before(read)]
+        self.values = [read for read in self.values if before(read)]
+        self.live = True
 
     def environment_notes(self) -> list[str]:
         """How this process's environment differs from the recorded one (names, never values)."""
@@ -132,6 +148,8 @@ class ReadServer:
     def serve(self, group: str, source: str, site: Site, position: int) -> tuple[bool, Any]:
         """``(True, value)`` to serve, ``(False, None)`` to read live; raises on a divergence
         (strict). The value is the next one the reading thread (``site.thread``) read."""
+        if self.live:
+            return False, None
         if group not in self.groups:
             if len(self.uncaptured) < _HINT_READS:
                 self.uncaptured.append(f"{source} at {site} (before call {position})")

@@ -95,7 +95,22 @@ def _matched(result: ReplayResult) -> int:
     return counts[k.ACTION_SUBSTITUTED] + counts[k.ACTION_EXECUTED]
 
 
+def _forked(result: ReplayResult) -> str:
+    before = result.forked_after or 0
+    skipped = f", {len(result.skipped)} skipped inside them" if result.skipped else ""
+    return (
+        f"{before} call(s) before it replayed as recorded{skipped}, "
+        f"{len(result.calls) - before} live from there"
+    )
+
+
 def _headline(result: ReplayResult, recorded_calls: int) -> str:
+    if result.fork_at is not None:  # only the calls before the fork point are replayed
+        recorded_calls = result.fork_at - 1
+        first = result.first_divergence
+        after = result.forked_after
+        if first is not None and first.position and after is not None and first.position > after:
+            return f"REFUSED at call {first.position} (forked at call {result.fork_at}: {_forked(result)})"
     matched = _matched(result)
     skipped = f", {len(result.skipped)} skipped inside substituted calls" if result.skipped else ""
     first = result.first_divergence
@@ -113,6 +128,8 @@ def _headline(result: ReplayResult, recorded_calls: int) -> str:
             f"DIVERGED ({len(result.reads.left_over)} of {result.reads.recorded} captured reads "
             "never made)"
         )
+    if result.fork_at is not None and result.forked_after is not None:
+        return f"FORKED at call {result.fork_at} ({_forked(result)})"
     return (
         f"MATCHED ({matched} of {recorded_calls} recorded calls matched{skipped}, none left over)"
     )
@@ -143,9 +160,12 @@ def _call_lines(result: ReplayResult, style: Highlight, indent: str) -> list[str
         for error in result.errors
         if isinstance(error, ReplayPolicyError) and error.expected is None
     }
+    live_after = result.forked_after if result.forked_after is not None else len(result.calls)
     for call, label in zip(result.calls, labels, strict=True):
         action = style.status(f"{call.action:<11}")
-        if call.recorded_id:
+        if call.position > live_after:
+            rec = "(after the fork point)"
+        elif call.recorded_id:
             rec = f"<- {one_line(call.recorded_id)}"
         elif expected_at.get(call.position):
             rec = f"(expected {one_line(expected_at[call.position] or '')})"
@@ -167,6 +187,11 @@ def _call_lines(result: ReplayResult, style: Highlight, indent: str) -> list[str
         lines.append(
             f"{indent}skipped (inside substituted calls, their bodies did not run): "
             + ", ".join(_recorded(rc) for rc in result.skipped)
+        )
+    if result.after_fork:
+        lines.append(
+            f"{indent}recorded from the fork point on (not replayed: the fork ran live): "
+            + ", ".join(_recorded(rc) for rc in result.after_fork)
         )
     return lines
 
@@ -247,8 +272,9 @@ def report_data(result: ReplayResult, recorded_calls: int) -> dict[str, Any]:
     """:func:`format_report` as JSON-ready data (fingerprints in full: the caller abbreviates)."""
     first = result.first_divergence
     return {
-        "verdict": "MATCHED" if result.ok else "DIVERGED",
+        "verdict": _headline(result, recorded_calls).split(" ", 1)[0],
         "recorded_calls": recorded_calls,
+        "fork_at": result.fork_at,
         "matched": _matched(result),
         "calls": [
             {
@@ -269,6 +295,7 @@ def report_data(result: ReplayResult, recorded_calls: int) -> dict[str, Any]:
         ],
         "not_reached": [rc.event.id for rc in result.pending_calls],
         "skipped": [rc.event.id for rc in result.skipped],
+        "after_fork": [rc.event.id for rc in result.after_fork],
         "captured_reads": {
             "recorded": result.reads.recorded,
             "served": result.reads.served,

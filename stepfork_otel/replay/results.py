@@ -123,6 +123,13 @@ class ReplayResult:
     """Every replay error raised, including those the agent caught."""
     reads: ReadsSummary = NO_READS
     """The captured clock/random/uuid reads: served, left over, and notes (environment)."""
+    fork_at: int | None = None
+    """A fork's fork point (``fork_at``): the recorded calls before it were replayed frozen."""
+    forked_after: int | None = None
+    """How many calls this run made before it reached the fork point (the calls after them ran
+    live); None: not a fork, or the fork point was not reached."""
+    after_fork: tuple[RecordedCall, ...] = ()
+    """The recorded calls from the fork point on: not replayed, the fork ran live from there."""
 
     @property
     def pending(self) -> int:
@@ -145,11 +152,13 @@ class ReplayResult:
 
     def __str__(self) -> str:
         c = self.counts()
+        mode = self.mode.value if self.fork_at is None else f"forked at call {self.fork_at}"
         lines = [
-            f"replay ({self.mode.value}): {len(self.calls)} call(s) reached - "
+            f"replay ({mode}): {len(self.calls)} call(s) reached - "
             f"{c[ACTION_SUBSTITUTED]} substituted, {c[ACTION_EXECUTED]} executed, "
             f"{c[ACTION_REJECTED]} rejected; {self.pending} recorded call(s) not reached, "
             f"{len(self.skipped)} skipped inside substituted calls"
+            + ("" if self.fork_at is None else f", {len(self.after_fork)} after the fork point")
         ]
         for call in self.calls:
             rec = f" <- {call.recorded_id}" if call.recorded_id else ""
@@ -188,8 +197,10 @@ def summarise(
     plan: Sequence[RecordedCall],
     errors: Sequence[ReplayError],
     reads: ReadsSummary | None = None,
+    fork: tuple[int, int | None] | None = None,
 ) -> ReplayResult:
-    """A frozen copy of the session's bookkeeping (the notes lists are copied too)."""
+    """A frozen copy of the session's bookkeeping (the notes lists are copied too). ``fork``: a
+    fork's point and how many calls were made before it was reached (None: not yet)."""
     return ReplayResult(
         mode=mode,
         calls=tuple(dataclasses.replace(c, notes=list(c.notes)) for c in calls),
@@ -197,6 +208,9 @@ def summarise(
         skipped=tuple(rc for rc in plan if rc.state == "skipped"),
         errors=tuple(errors),
         reads=reads if reads is not None else NO_READS,
+        fork_at=None if fork is None else fork[0],
+        forked_after=None if fork is None else fork[1],
+        after_fork=tuple(rc for rc in plan if rc.state == "after_fork"),
     )
 
 

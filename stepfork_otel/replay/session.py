@@ -46,6 +46,7 @@ import threading
 from collections.abc import Iterable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
@@ -64,7 +65,7 @@ from stepfork_otel.recording.contract import (
     Site,
     current_session,
 )
-from stepfork_otel.replay import decisions, matching, results
+from stepfork_otel.replay import decisions, fork, matching, results
 from stepfork_otel.replay.decisions import Approver, Verdict, parse_mode
 from stepfork_otel.replay.errors import (
     BundleIntegrityError,
@@ -79,9 +80,9 @@ from stepfork_otel.replay.plan import Frontier, RecordedCall, build_plan, descen
 from stepfork_otel.replay.reads import ReadServer, parse_policy
 from stepfork_otel.replay.results import Action, LiveLlm, ReplayedCall, ReplayResult
 from stepfork_otel.replay.substitution import Substitution, substitute
-from stepfork_otel.trace.bundle import gc_paused, load_any
+from stepfork_otel.trace.bundle import gc_paused, load_any, load_trace, save_trace
 from stepfork_otel.trace.checks import raise_if_inconsistent, verify_integrity
-from stepfork_otel.trace.models import Trace
+from stepfork_otel.trace.models import ForkOrigin, Trace
 from stepfork_otel.trace.payload import Payload
 from stepfork_otel.trace.policy import EffectivePolicy, ReplayMode
 
@@ -97,6 +98,13 @@ __all__ = [
 
 _SEALED = frozenset((ReplayMode.FROZEN, ReplayMode.FORBIDDEN, ReplayMode.MANUAL))
 """The modes that never run a body live: their network guard governs every thread."""
+
+
+def _parse_mode(mode: ReplayMode | str | None, fork_at: object) -> ReplayMode:
+    """The mode asked for: by default ``frozen``, and ``live`` for a fork (``fork_at``)."""
+    if mode is None:
+        return ReplayMode.FROZEN if fork_at is None else ReplayMode.LIVE
+    return parse_mode(mode)
 
 
 def _checked_plan(trace: Trace, source: str | None, structure_checked: bool) -> list[RecordedCall]:
@@ -131,13 +139,30 @@ def _open_root_span(session: ReplaySession) -> tuple[Span, object] | None:
         ):
             attributes[k.INPUT_VALUE] = run_input  # the recorded input the replay starts from
             attributes[k.INPUT_MIME_TYPE] = k.MIME_JSON  # (as a recorded run span says it)
-        span = CONFIG.tracer().start_span(f"replay {name}", attributes=attributes)
+        span = CONFIG.tracer().start_span(
+            f"replay {name}", attributes=attributes, links=_links_to(session.trace)
+        )
         try:
             return span, context_api.attach(set_span_in_context(span))
         except BaseException:
             span.end()
             raise
     return None
+
+
+def _links_to(trace: Trace) -> list[trace_api.Link]:
+    """An OpenTelemetry link to the recorded run's span (none when the bundle names none)."""
+    span_id = trace.run.span_id
+    try:
+        recorded = trace_api.SpanContext(
+            int(trace.trace_id, 16),
+            int(span_id or "", 16),
+            is_remote=True,
+            trace_flags=trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED),
+        )
+    except ValueError:  # no run span, or ids that are not hex (a hand-built bundle)
+        return []
+    return [trace_api.Link(recorded)]
 
 
 def _close_root_span(
@@ -218,6 +243,14 @@ class ReplaySession:
     (default) raises :class:`ReplayMismatchError` naming both call sites, ``lenient`` reads live
     and notes it (see :mod:`stepfork_otel.replay.reads`).
 
+    ``fork_at``: fork the recorded run at call N (as ``stepfork show`` numbers it): the calls
+    before it are replayed frozen and matched strictly, and from it on the run is live, as in
+    ``live`` mode but matched against nothing (LLM calls run; a tool runs when named in
+    ``allow_live_tools``; the policies hold). ``record_to``: a path where the fork is kept as a
+    bundle of its own, written when the session exits (see :mod:`stepfork_otel.replay.fork`);
+    :meth:`set_output` records its output. ``mode`` is ``frozen`` by default, ``live`` (the only
+    one) with ``fork_at``.
+
     Raises :class:`ReplayModeError` for an unknown/reserved mode or options that do not fit the
     mode, :class:`~stepfork_otel.trace.bundle.BundleError` for an inconsistent trace and
     :class:`BundleIntegrityError` when a stored fingerprint does not match its payload.
@@ -226,25 +259,33 @@ class ReplaySession:
     def __init__(
         self,
         trace: Trace,
-        mode: ReplayMode | str = ReplayMode.FROZEN,
+        mode: ReplayMode | str | None = None,
         *,
         allow_live_tools: Iterable[str] = (),
         live_llms: Iterable[str] = (),
         approve: Approver | None = None,
         allow_network: Iterable[str] = (),
         captured: str = "strict",
+        fork_at: int | None = None,
+        record_to: str | os.PathLike[str] | None = None,
         source: str | None = None,
         _structure_checked: bool = False,
     ) -> None:
         if not isinstance(trace, Trace):
             raise TypeError(f"expected a Trace, got {type(trace).__name__}")
-        self.mode = parse_mode(mode)
+        self._mode = _parse_mode(mode, fork_at)
         captured_policy = parse_policy(captured)
         self.allow_live_tools = decisions.names(allow_live_tools, "allow_live_tools")
         self.live_llms = decisions.names(live_llms, "live_llms")
-        decisions.check_options(self.mode, self.allow_live_tools, self.live_llms)
-        self._network = NetworkGuard(  # nothing runs live in these modes: no thread may either
-            allow_network, on_refusal=self._network_refused, whole_process=self.mode in _SEALED
+        decisions.check_options(self._mode, self.allow_live_tools, self.live_llms)
+        fork.check_options(self._mode, fork_at, record_to)
+        self.fork_at = fork_at
+        """The fork point of a fork (None: not a fork)."""
+        self._in_prefix = fork_at is not None
+        self._network = NetworkGuard(  # nothing runs live (before a fork point): no thread may
+            allow_network,
+            on_refusal=self._network_refused,
+            whole_process=self._mode in _SEALED or self._in_prefix,
         )
         self.allow_network = self._network.allow
         self._network_token: GuardToken | None = None
@@ -258,6 +299,21 @@ class ReplaySession:
         self._reads = ReadServer(trace, captured_policy)
         self._cursor = 0
         self._frontier = Frontier(self._plan)
+        self._fork_index = None if fork_at is None else fork.fork_point(self._plan, fork_at)
+        self._forked_after: int | None = None
+        self._clean_prefix = False
+        self.record_to = None if record_to is None else Path(record_to)
+        """Where a fork is kept as a bundle (``record_to``)."""
+        self.fork_bundle: Path | None = None
+        """The fork's bundle, once the session exited and wrote it (None: not written -- no
+        ``record_to``, or the fork point was not reached)."""
+        self._recording: fork.Recording | None = None
+        self._origin: ForkOrigin | None = None
+        if self._fork_index is not None:
+            for rc in self._plan[self._fork_index :]:
+                rc.state = "after_fork"  # never replayed: the fork runs live from here
+                self._frontier.settle(rc)
+            self._advance()
         self._calls: list[ReplayedCall] = []
         self._errors: list[ReplayError] = []
         self._divergences: list[ReplayError] = []  # raised at calls (not by verify_complete)
@@ -274,13 +330,15 @@ class ReplaySession:
     def from_trace(
         cls,
         source: Trace | str | os.PathLike[str],
-        mode: ReplayMode | str = ReplayMode.FROZEN,
+        mode: ReplayMode | str | None = None,
         *,
         allow_live_tools: Iterable[str] = (),
         live_llms: Iterable[str] = (),
         approve: Approver | None = None,
         allow_network: Iterable[str] = (),
         captured: str = "strict",
+        fork_at: int | None = None,
+        record_to: str | os.PathLike[str] | None = None,
     ) -> ReplaySession:
         """A session over a bundle path or an in-memory :class:`Trace`.
 
@@ -289,9 +347,9 @@ class ReplaySession:
         """
         allow_live_tools = decisions.names(allow_live_tools, "allow_live_tools")
         live_llms = decisions.names(live_llms, "live_llms")
-        decisions.check_options(
-            parse_mode(mode), allow_live_tools, live_llms
-        )  # before reading anything
+        parsed = _parse_mode(mode, fork_at)
+        decisions.check_options(parsed, allow_live_tools, live_llms)  # before reading anything
+        fork.check_options(parsed, fork_at, record_to)
         allow_network = NetworkGuard(allow_network).allow  # validated before reading, too
         parse_policy(captured)
         trace = load_any(source)
@@ -303,6 +361,8 @@ class ReplaySession:
             approve=approve,
             allow_network=allow_network,
             captured=captured,
+            fork_at=fork_at,
+            record_to=record_to,
             source=None if isinstance(source, Trace) else str(source),
             _structure_checked=not isinstance(source, Trace),  # load_trace checked it
         )
@@ -321,14 +381,19 @@ class ReplaySession:
             )
         self._network_token = self._network.activate()  # first: if it fails, nothing is active
         try:
+            self._start_recording()  # the fork's run span, under which the calls are made
             self._root = _open_root_span(self)
         except BaseException:  # (tests raise stepfork's own errors): leave nothing active
             self._network.deactivate(self._network_token)
             self._network_token = None
+            recording, self._recording = self._recording, None
+            if recording is not None:
+                recording.__exit__(None, None, None)
             raise
         self._state = "active"
         with self._lock:
             self._reads.environment_notes()
+            self._check_fork()  # (fork_at=1: live from the start)
         self._token = current_session.set(self)
         return self
 
@@ -353,6 +418,7 @@ class ReplaySession:
             root, self._root = self._root, None
             if root is not None:
                 _close_root_span(root, exc, self._errors[0] if self._errors else None)
+            self._finish_recording(exc_type, exc, tb)
 
     async def __aenter__(self) -> ReplaySession:
         return self.__enter__()
@@ -364,6 +430,73 @@ class ReplaySession:
         tb: TracebackType | None,
     ) -> None:
         self.__exit__(exc_type, exc, tb)
+
+    # -- a fork ------------------------------------------------------------------------------------
+
+    @property
+    def mode(self) -> ReplayMode:
+        """The mode calls are decided in: the session's, but ``frozen`` in a fork until its fork
+        point is reached (``live`` from there)."""
+        return ReplayMode.FROZEN if self._in_prefix else self._mode
+
+    def set_output(self, output: Any) -> None:
+        """Record the output of a fork's run in its bundle (``record_to``), as
+        ``record(...).set_output`` does for a run. Call it inside the ``with`` block."""
+        if self.record_to is None:
+            raise ReplaySessionError(
+                "set_output records the output of a fork in its bundle: this session has no "
+                "record_to"
+            )
+        if self._recording is None:
+            raise ReplaySessionError("set_output is called inside the session's with block")
+        self._recording.set_output(output)
+
+    def _start_recording(self) -> None:
+        if self.record_to is None or self.fork_at is None:
+            return
+        origin = fork.origin_of(self.trace, self.fork_at, self.source)
+        recording = fork.start_recording(fork.partial_path(self.record_to), origin, self.trace.run)
+        recording.__enter__()
+        self._recording = recording
+        self._origin = origin
+
+    def _check_fork(self) -> None:
+        """Past the last call before the fork point, the run is live: no call is matched, no read
+        served, and the network guard keeps to the session's own context."""
+        if not self._in_prefix or self._fork_index is None or self._cursor < self._fork_index:
+            return
+        self._in_prefix = False
+        self._forked_after = len(self._calls)
+        self._clean_prefix = not self._divergences
+        assert self.fork_at is not None
+        self._reads.fork(self.fork_at)
+        if self._mode not in _SEALED:
+            self._network.narrow()
+
+    def _finish_recording(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """The fork's run ends (its bundle is written as any run's); then the fork's bundle is
+        made from it and the original (:func:`~stepfork_otel.replay.fork.fork_trace`) -- when the
+        fork point was reached with every call before it replayed as recorded."""
+        recording, self._recording = self._recording, None
+        if recording is None or self.record_to is None:
+            return
+        recording.__exit__(exc_type, exc, tb)
+        partial = recording.path
+        if partial is None:  # (no bundle processor could be attached: logged already)
+            return
+        made_before, origin = self._forked_after, self._origin
+        with handle_internal_errors(f"writing the fork's bundle {self.record_to}"):
+            if made_before is not None and origin is not None and self._clean_prefix:
+                run = load_trace(partial)
+                bundle = fork.fork_trace(self.trace, origin, run, made_before)
+                raise_if_inconsistent(bundle, self.record_to)
+                self.fork_bundle = save_trace(bundle, self.record_to)
+            partial.unlink(missing_ok=True)
 
     # -- what users look at ----------------------------------------------------------------------
 
@@ -404,7 +537,12 @@ class ReplaySession:
         """A frozen :class:`ReplayResult` of what happened so far."""
         with self._lock:
             return results.summarise(
-                self.mode, self._calls, self._plan, self._errors, self._reads.summary()
+                self.mode,
+                self._calls,
+                self._plan,
+                self._errors,
+                self._reads.summary(),
+                None if self.fork_at is None else (self.fork_at, self._forked_after),
             )
 
     def verify_complete(self) -> None:
@@ -419,6 +557,8 @@ class ReplaySession:
                 error.add_details([reads.reason, *reads.details])
             if error is None:
                 return
+            if self.fork_at is not None and self._in_prefix:
+                error.add_details([fork.not_reached(self.fork_at)])
             self._errors.append(error)
         raise error
 
@@ -433,6 +573,8 @@ class ReplaySession:
             try:
                 return self._reads.serve(group, source, site, len(self._calls) + 1)
             except ReplayError as exc:
+                if self.fork_at is not None and self._in_prefix:
+                    exc.add_details([fork.not_reached(self.fork_at)])
                 self._errors.append(exc)
                 self._divergences.append(exc)
                 raise
@@ -468,6 +610,8 @@ class ReplaySession:
             try:
                 return self._begin(call, replayed)
             except ReplayError as exc:
+                if self.fork_at is not None and self._in_prefix:
+                    exc.add_details([fork.not_reached(self.fork_at)])
                 replayed.status = "error"
                 replayed.error = f"{type(exc).__name__}: {exc.reason}"
                 self._errors.append(exc)
@@ -540,6 +684,8 @@ class ReplaySession:
     def _begin(self, call: BoundaryCall, replayed: ReplayedCall) -> ReplayDecision:
         position = replayed.position
         decisions.refuse_unmatched(self, call, position)  # nothing to match for these
+        if self.fork_at is not None and not self._in_prefix:
+            return self._begin_live(call, replayed)
         if decisions.untraced_tool(self, call, position, self._untraced_tools):
             return self._execute_untraced(replayed)
         cursor = self._cursor
@@ -612,6 +758,16 @@ class ReplaySession:
         error.add_details(self._reads.hint())
         raise error
 
+    def _begin_live(self, call: BoundaryCall, replayed: ReplayedCall) -> ReplayDecision:
+        """A call after the fork point: matched against nothing, decided as in ``live`` mode by
+        today's code's policy and the allowlist."""
+        assert self.fork_at is not None
+        decisions.refuse_after_fork(self, call, self.fork_at, replayed.position)
+        replayed.action = ACTION_EXECUTED
+        return _Decision(
+            ACTION_EXECUTED, session=self, replayed=replayed, live=self._network.enter_live()
+        )
+
     def _advance(self) -> None:
         plan, cursor = self._plan, self._cursor
         while cursor < len(plan) and plan[cursor].state != "pending":
@@ -682,6 +838,7 @@ class ReplaySession:
                 inner.state = "skipped"
                 frontier.settle(inner)
         self._advance()
+        self._check_fork()
         replayed.action = ACTION_SUBSTITUTED
         replayed.output_sha256 = outcome.output.sha256
         error = outcome.error

@@ -61,6 +61,7 @@ from pydantic import ValidationError
 
 from stepfork_otel.constants import BUNDLE_SUFFIX, FORMAT_NAME, FORMAT_VERSION, GZIP_MAGIC
 from stepfork_otel.trace.checks import (
+    lines_fingerprint,
     note_lines_fingerprint,
     plainly_consistent,
     raise_if_inconsistent,
@@ -1085,6 +1086,18 @@ def dump_trace(trace: Trace, *, trailer: bool = False) -> bytes:
     if trailer:
         return b"".join(_trailer_pieces(trace))
     return b"".join(_dump_pieces(trace))
+
+
+def bundle_fingerprint(trace: Trace) -> str:
+    """The lines fingerprint that names ``trace``'s bundle: the one its end line stores (for a
+    bundle written without one, what its lines hash to), and for a trace built in memory the one
+    :func:`save_trace` would write. A fork's ``forked_from.lines_sha256`` is this of its
+    original."""
+    seal = lines_fingerprint(trace)
+    if seal is not None:
+        return seal.stored or seal.actual
+    *_, end = _dump_pieces(trace)  # (the end line comes last)
+    return str(orjson.loads(end)["lines_sha256"])
 
 
 def _trailer_pieces(trace: Trace) -> Iterator[bytes]:

@@ -77,8 +77,11 @@ def validate_structure(trace: Trace) -> list[Problem]:
     outcomes without a call (or a second outcome for one), outcomes of the wrong kind.
 
     Outcomes without ``parent_id`` (legacy bundles) are paired as :func:`pair_outcomes` says.
-    The captured reads are checked too (:func:`~stepfork_otel.trace.captured.captured_problems`)."""
+    The captured reads are checked too (:func:`~stepfork_otel.trace.captured.captured_problems`),
+    and so is a fork's prefix (:func:`fork_problems`)."""
     problems: list[Problem] = captured_problems(trace) if trace.captured else []
+    if trace.forked_from is not None:
+        problems += fork_problems(trace)
     problems += _form_problems(trace.events)
     if _plainly_consistent(trace.events):
         return problems
@@ -118,6 +121,48 @@ def validate_structure(trace: Trace) -> list[Problem]:
             problems.append(Problem(outcome.id, "tool_result paired with a non-tool call"))
         if isinstance(outcome, LlmResponse) and not isinstance(call, LlmRequest):
             problems.append(Problem(outcome.id, "llm_response paired with a non-LLM call"))
+    return problems
+
+
+def fork_problems(trace: Trace) -> list[Problem]:
+    """A fork's calls agree with its header: the calls before the fork point are the original
+    run's (its trace id), numbered 1 to N-1 with none missing, and the calls from the fork point
+    on are the fork's own (the bundle's trace id)."""
+    origin = trace.forked_from
+    if origin is None:
+        return []
+    at = origin.at_call
+    if at < 1:
+        return [Problem(None, f"forked_from.at_call is {at}: a fork point is a call, from 1")]
+    problems: list[Problem] = []
+    before = 0
+    for call in trace.calls:
+        if call.seq < at:
+            before += 1
+            if call.trace_id != origin.trace_id:
+                problems.append(
+                    Problem(
+                        call.id,
+                        f"before the fork point (call {at}) but not of the original run "
+                        f"(trace {quote(call.trace_id)}, forked from {quote(origin.trace_id)})",
+                    )
+                )
+        elif call.trace_id != trace.trace_id:
+            problems.append(
+                Problem(
+                    call.id,
+                    f"from the fork point (call {at}) on, calls are the fork's own (trace "
+                    f"{quote(trace.trace_id)}), not {quote(call.trace_id)}",
+                )
+            )
+    if before != at - 1:
+        problems.append(
+            Problem(
+                None,
+                f"forked at call {at}, so the {at - 1} calls before it are the original's; "
+                f"the bundle holds {before}",
+            )
+        )
     return problems
 
 

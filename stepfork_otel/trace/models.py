@@ -228,6 +228,25 @@ class RunInfo(_Model):
     trace shows running. Replay refuses them in frozen mode; live mode runs those allowed."""
 
 
+class ForkOrigin(_Model):
+    """The run a forked run was forked from (``ReplaySession.from_trace(..., fork_at=N,
+    record_to=...)``): the fork's calls before ``at_call`` are that run's own calls, their event
+    lines byte for byte; from ``at_call`` on they are the fork's."""
+
+    trace_id: str
+    """The trace id of the original run."""
+    lines_sha256: str
+    """The original bundle's lines fingerprint (its end line's ``lines_sha256``): which bundle,
+    exactly, the calls before ``at_call`` were taken from."""
+    at_call: int
+    """The fork point N: the position of the first call that ran live, as ``stepfork show``
+    numbers the original's calls (``call-N``)."""
+    span_id: str | None = None
+    """The original run's span (what the fork's run span links to)."""
+    bundle: str | None = None
+    """The original bundle's file name when it was read from a file (a hint)."""
+
+
 class Trace(_Model):
     """One recorded run, as stored in a `.sftrace` bundle."""
 
@@ -238,6 +257,8 @@ class Trace(_Model):
     """False when the run did not finish (process shut down, span limit hit)."""
     incomplete_reason: str | None = None
     created_by: str | None = None
+    forked_from: ForkOrigin | None = None
+    """Set on a fork: the run, bundle and call it was forked from (see :class:`ForkOrigin`)."""
     run: RunInfo = RunInfo()
     events: list[Event] = []
     context: list[ContextSpan] = []
