@@ -16,7 +16,10 @@ modules ``datetime``/``date`` (classes or the module) become subclasses whose ``
 ``today`` are captured -- the ``datetime`` module itself is left alone, so nothing else in the
 process sees another class. Environment variables are read through ``os._Environ.__getitem__``.
 When no run captures and no session replays, nothing is replaced: ``time.time()`` costs exactly
-what it did.
+what it did. The replacing and the putting back go through ``stepfork_otel/_patching.py`` (one
+patcher for the sources, one for the run's own modules' names): what was there when the first
+run or session started is put back when the last one ends -- a clock another library had set
+before stays that library's.
 
 **Whose reads.** Only reads made in the run's context (the run's context variable, so threads
 started with a copied context and asyncio tasks are covered) by the run's *own* code: the caller's
