@@ -126,6 +126,11 @@ GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
 GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
+#: Input tokens written to the provider's prompt cache (semantic-conventions-genai#440 renamed
+#: ``cache_creation`` to ``cache_write``): both names are emitted, the old one for the back-ends
+#: that still read it, until they have moved.
+GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS: Final = "gen_ai.usage.cache_write.input_tokens"
+#: The name of :data:`GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS` before the rename (same value).
 GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: Final = "gen_ai.usage.cache_creation.input_tokens"
 GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
 GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"

@@ -94,3 +94,93 @@ def test_the_content_variable_takes_the_genai_instrumentations_values(
     monkeypatch.setenv(k.ENV_CAPTURE_MESSAGE_CONTENT, value)
     _call(tmp_path, _reply(finish_reason="stop"))
     assert (k.GEN_AI_OUTPUT_MESSAGES in _llm_attributes(recording)) is on
+
+
+class _CountingJson:
+    """Stands in for ``orjson`` in ``recording/integrations/genai.py``: the texts it parses."""
+
+    def __init__(self) -> None:
+        import orjson
+
+        self._orjson = orjson
+        self.JSONDecodeError = orjson.JSONDecodeError
+        self.parsed: list[str] = []
+
+    def loads(self, text: Any) -> Any:
+        self.parsed.append(text if isinstance(text, str) else bytes(text).decode())
+        return self._orjson.loads(text)
+
+    def dumps(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orjson.dumps(*args, **kwargs)
+
+
+def _replayed_and_parsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, agent: Any, recording: Recording
+) -> tuple[dict[str, Any], list[str]]:
+    from stepfork_otel import ReplaySession
+    from stepfork_otel.recording.integrations import genai
+
+    with record(tmp_path / "run.sftrace"):
+        agent()
+    recorded = _llm_attributes(recording)
+    recording.exporter.clear()
+    counting = _CountingJson()
+    monkeypatch.setattr(genai, "orjson", counting)
+    with ReplaySession.from_trace(tmp_path / "run.sftrace") as replay:
+        agent()
+        replay.verify_complete()
+    replayed = _llm_attributes(recording)
+    assert replayed[k.REPLAY_ACTION] == k.ACTION_SUBSTITUTED
+    for key in (k.GEN_AI_RESPONSE_ID, k.GEN_AI_RESPONSE_FINISH_REASONS, k.GEN_AI_OUTPUT_MESSAGES):
+        assert replayed[key] == recorded[key]  # described as when it was recorded
+    return replayed, counting.parsed
+
+
+ANSWER = "the answer only the recorded response holds"
+
+
+def test_a_substituted_call_is_described_from_the_value_the_session_parsed(
+    recording: Recording, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replay describes a substituted call (GenAI attributes) from the recorded output the
+    session already parsed to substitute it: the output text is not parsed a second time (it
+    was, twice for a hand-written call: once alone and once inside a wrapper string)."""
+    monkeypatch.setenv(k.ENV_CAPTURE_MESSAGE_CONTENT, "true")
+    reply = _reply(finish_reason="stop")
+    reply["choices"][0]["message"]["content"] = ANSWER
+
+    def agent() -> None:
+        llm_request(provider="openai", model="gpt-4.1-mini", input=CHAT, call=lambda: reply)
+
+    _, parsed = _replayed_and_parsed(tmp_path, monkeypatch, agent, recording)
+    assert parsed, "the request is still parsed"
+    assert not [text for text in parsed if ANSWER in text], parsed
+
+
+def test_a_substituted_sdk_call_is_described_from_the_value_the_session_parsed(
+    recording: Recording, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conftest import installed
+
+    from examples.fake_llm import FakeLLM
+
+    openai = installed("openai")
+    import stepfork_otel
+
+    monkeypatch.setenv(k.ENV_CAPTURE_MESSAGE_CONTENT, "true")
+    stepfork_otel.instrument_openai()
+    with FakeLLM() as llm:
+        client = openai.OpenAI(base_url=llm.openai_url, api_key="sk-test", max_retries=0)
+        question = [{"role": "user", "content": "repeat: " + ANSWER}]
+
+        def agent() -> None:
+            client.chat.completions.create(model="gpt-4o", messages=question)
+
+        try:
+            replayed, parsed = _replayed_and_parsed(tmp_path, monkeypatch, agent, recording)
+        finally:
+            client.close()
+            stepfork_otel.uninstrument_openai()
+    assert replayed[k.GEN_AI_PROVIDER_NAME] == "openai"
+    (request,) = parsed  # the request only, not the response record
+    assert '"url":"chat/completions"' in request

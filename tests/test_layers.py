@@ -18,7 +18,7 @@ PACKAGE = "stepfork_otel"
 # Names relative to the package: "x" is exactly module x, "x.*" is x and everything under it,
 # "" is the package's own __init__. A module may import only modules of its layer or lower.
 LAYERS: dict[int, tuple[str, ...]] = {
-    0: ("constants", "_version", "_internal", "_lazy"),
+    0: ("constants", "_version", "_internal", "_lazy", "_patching"),
     1: ("trace.*",),
     2: ("config",),
     3: ("recording.*",),

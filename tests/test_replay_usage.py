@@ -74,3 +74,49 @@ def test_a_live_call_in_a_replay_is_billed(recording: Recording, tmp_path: Path)
     replayed = _llm_attributes(recording)
     assert replayed[k.REPLAY_ACTION] == k.ACTION_EXECUTED
     assert replayed[k.GEN_AI_USAGE_INPUT_TOKENS] == 12
+
+
+ANTHROPIC_REPLY = {
+    "id": "msg_1",
+    "type": "message",
+    "role": "assistant",
+    "model": "claude-sonnet-4-5",
+    "content": [{"type": "text", "text": "Hello"}],
+    "stop_reason": "end_turn",
+    "usage": {
+        "input_tokens": 5,
+        "output_tokens": 2,
+        "cache_read_input_tokens": 3,
+        "cache_creation_input_tokens": 4,
+    },
+}
+
+
+def test_a_substituted_call_bills_no_cache_tokens_under_either_name(
+    recording: Recording, tmp_path: Path
+) -> None:
+    """Cache writes are described under the current name (``cache_write``) and the old one
+    (``cache_creation``); a substituted call carries neither."""
+
+    def agent() -> None:
+        llm_request(
+            provider="anthropic",
+            model="claude-sonnet-4-5",
+            input={"max_tokens": 10, **CHAT},
+            call=lambda: dict(ANTHROPIC_REPLY),
+        )
+
+    path = tmp_path / "run.sftrace"
+    with record(path):
+        agent()
+    recorded = _llm_attributes(recording)
+    assert recorded[k.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS] == 4
+    assert recorded[k.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS] == 4
+    assert recorded[k.GEN_AI_USAGE_INPUT_TOKENS] == 5 + 3 + 4
+    recording.exporter.clear()
+    with ReplaySession.from_trace(path, mode="frozen") as replay:
+        agent()
+        replay.verify_complete()
+    replayed = _llm_attributes(recording)
+    assert replayed[k.REPLAY_ACTION] == k.ACTION_SUBSTITUTED
+    assert not [key for key in replayed if key.startswith("gen_ai.usage.")], replayed

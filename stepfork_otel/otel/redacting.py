@@ -21,7 +21,9 @@ replaced by redacted copies) before the next processor runs: the SDK hands every
 same read-only span object, and this is the one way to change what all of them receive. It relies
 on the SDK's ``ReadableSpan`` fields (``_name``, ``_attributes``, ``_events``, ``_links``,
 ``_status``), stable since SDK 1.0; ``tests/test_redact_all_spans.py`` checks them against the
-installed SDK.
+installed SDK. Going first is a patch of the SDK's private processor tuple
+(``SynchronousMultiSpanProcessor._span_processors``, ``_log_record_processors``), made under its
+lock through stepfork's one patching module (``stepfork_otel/_patching.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.trace import Link, Status
 
+from stepfork_otel._patching import Patcher
 from stepfork_otel.constants import INSTRUMENTATION_NAME
 from stepfork_otel.trace.redaction import GENERIC_MARKER, KEY_MARKER, Redactor, looks_random
 
@@ -195,6 +198,11 @@ class _Redacting(Protocol):
 _P = TypeVar("_P", bound=_Redacting)
 
 
+_PATCHES = Patcher("the redacting processors put first")
+"""Puts the redacting processors first in the SDK's private processor tuples (and could take
+them out again: :meth:`~stepfork_otel._patching.Patcher.restore`)."""
+
+
 def _put_first(multi: Any, field: str, kind: type[_P], redactor: Callable[[], Redactor]) -> _P:
     """The ``kind`` processor first in the SDK's processor tuple ``field`` of ``multi`` (the one
     there already, or a new one): it runs before every exporter's processor."""
@@ -204,7 +212,7 @@ def _put_first(multi: Any, field: str, kind: type[_P], redactor: Callable[[], Re
             if isinstance(existing, kind):
                 return existing
         processor = kind(redactor)
-        setattr(multi, field, (processor, *current))
+        _PATCHES.put_first(multi, field, processor)
         return processor
 
 

@@ -63,7 +63,6 @@ from stepfork_otel.recording.spans import (
     end_span,
     first_call_of_trace,
     next_call_number,
-    note_provider,
     record_failure,
     span_payload_attributes,
     usage_attributes,
@@ -109,10 +108,12 @@ class _Prepared:
     view: Callable[[Any], Any] | None = None
     """The recorded form of the body's result (an SDK integration records the HTTP response
     it received, not the response object); None: the result itself."""
-    describe: Callable[[str, str], dict[str, Any]] | None = None
+    describe: Callable[[str, str, Any], dict[str, Any]] | None = None
     """Span attributes read off the *redacted* recorded input and output texts (an
-    integration's GenAI semconv attributes, content included when it is captured); None:
-    ``usage_attributes`` of the result for an LLM call, nothing for a tool."""
+    integration's GenAI semconv attributes, content included when it is captured), given the
+    output's JSON value too when it is at hand (a substituted call's, parsed by the session from
+    that text; else None); None: ``usage_attributes`` of the result for an LLM call, nothing for
+    a tool."""
     rebuild_error: Callable[[str, str], BaseException | None] | None = None
     """An integration's own exception for a recorded failure ``(error type, message)``, built
     by trusted code from a fixed list (never from a class named in the bundle); None, or
@@ -216,7 +217,6 @@ def _prepare_llm(
     provider: str, model: str, operation: str, request: Any, policy: ReplayPolicy, output_type: Any
 ) -> _Prepared:
     payload, session = _captured_input(request)
-    note_provider(provider)
     fingerprint = model_fingerprint(provider, model, operation)
     call = BoundaryCall(
         "llm",
@@ -370,9 +370,12 @@ def _open_decided(
     try:
         if decision is not None and decision.substituted and decision.error is None:
             output = decision.output  # described before the span starts: one SDK call
-            prepared.described = (
-                None if output is None else _unbilled(_described(prepared, decision.value, output))
-            )
+            if output is not None:
+                # The session parsed the recorded text into the value it substitutes: described
+                # from that value instead of parsing the text again (when nothing rebuilt it
+                # into a type, it is that text's JSON value).
+                parsed = decision.value if prepared.call.output_type is None else None
+                prepared.described = _unbilled(_described(prepared, decision.value, output, parsed))
         return _open_span(prepared, body=decision is None or not decision.substituted)
     except BaseException as exc:
         if decision is not None:
@@ -432,21 +435,22 @@ def _finish_ok(
             decision.end(payload, None)
 
 
-def _described(prepared: _Prepared, recorded: Any, payload: Payload | None) -> dict[str, Any]:
-    """The attributes an outcome adds to its span beyond the payload (logged, never raised)."""
+def _described(
+    prepared: _Prepared, recorded: Any, payload: Payload | None, parsed: Any = None
+) -> dict[str, Any]:
+    """The attributes an outcome adds to its span beyond the payload (logged, never raised).
+    ``parsed``: the JSON value of ``payload``'s text when the caller has it (None: parsed by
+    the description if it needs it)."""
     with handle_internal_errors("describing a call outcome"):
         if prepared.describe is not None:
             if payload is None:
                 return {}
-            return prepared.describe(prepared.call.input.text, payload.text)
+            return prepared.describe(prepared.call.input.text, payload.text, parsed)
         if prepared.call.kind == "llm":
             attributes = usage_attributes(recorded)
             if payload is not None:  # a request and a response of an SDK's shape: as the SDKs'
-                attributes.update(
-                    describe_request(
-                        prepared.call.provider or "", prepared.call.input.text, payload.text
-                    )
-                )
+                provider, text = prepared.call.provider or "", prepared.call.input.text
+                attributes.update(describe_request(provider, text, payload.text, parsed))
             return attributes
     return {}
 
@@ -455,6 +459,7 @@ _UNBILLED = {
     k.GEN_AI_USAGE_INPUT_TOKENS: k.USAGE_INPUT_TOKENS,
     k.GEN_AI_USAGE_OUTPUT_TOKENS: k.USAGE_OUTPUT_TOKENS,
     k.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: None,
+    k.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS: None,
     k.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: None,
 }
 
@@ -933,7 +938,7 @@ def prepare_integration_call(
     *,
     span_name: str | None = None,
     view: Callable[[Any], Any] | None = None,
-    describe: Callable[[str, str], dict[str, Any]] | None = None,
+    describe: Callable[[str, str, Any], dict[str, Any]] | None = None,
     rebuild_error: Callable[[str, str], BaseException | None] | None = None,
     restream: Callable[[Any], Any] | None = None,
     attributes: dict[str, Any] | None = None,

@@ -16,7 +16,10 @@ modules ``datetime``/``date`` (classes or the module) become subclasses whose ``
 ``today`` are captured -- the ``datetime`` module itself is left alone, so nothing else in the
 process sees another class. Environment variables are read through ``os._Environ.__getitem__``.
 When no run captures and no session replays, nothing is replaced: ``time.time()`` costs exactly
-what it did.
+what it did. The replacing and the putting back go through ``stepfork_otel/_patching.py`` (one
+patcher for the sources, one for the run's own modules' names): what was there when the first
+run or session started is put back when the last one ends -- a clock another library had set
+before stays that library's.
 
 **Whose reads.** Only reads made in the run's context (the run's context variable, so threads
 started with a copied context and asyncio tasks are covered) by the run's *own* code: the caller's
@@ -69,6 +72,7 @@ from opentelemetry import context as context_api
 
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors, internal_error
+from stepfork_otel._patching import Patcher
 from stepfork_otel.config import CONFIG
 from stepfork_otel.recording.contract import Replayer, Site, current_session
 from stepfork_otel.trace.captured import RANDOM_FUNCTIONS, env_fingerprint, env_salting
@@ -869,9 +873,13 @@ def _env_getitem(self: Any, key: str) -> str:
 
 
 class _Patch(NamedTuple):
+    """One name replaced while capture or replay is active (by a :data:`_PATCHERS` patcher,
+    which also remembers what it replaced and puts it back)."""
+
     owner: Any
     name: str
     original: Any
+    """The real source the replacement stands in for (how the run's own names are found)."""
     replacement: Any
 
 
@@ -928,8 +936,12 @@ _THREAD_PATCHES = (
 )
 _lock = threading.Lock()
 _users = [0, 0]  # [holders of the source patches, holders of the module patches]
-_installed: list[list[_Patch]] = [[], []]
 _SOURCES, _MODULES = 0, 1
+#: One patcher per level: each level's patches are undone by the object that applied them.
+_PATCHERS = (
+    Patcher("the determinism capture's sources"),
+    Patcher("the run's own modules' names of the sources"),
+)
 
 
 def _module_patches() -> list[_Patch]:
@@ -975,26 +987,20 @@ def acquire(*, modules: bool = True) -> None:
             if _users[level] > 1:
                 continue
             with handle_internal_errors("installing the determinism capture"):
-                patches = list(_SOURCE_PATCHES) if level == _SOURCES else _module_patches()
-                for patch in patches:
-                    setattr(patch.owner, patch.name, patch.replacement)
-                    _installed[level].append(patch)
+                patches = _SOURCE_PATCHES if level == _SOURCES else _module_patches()
+                _PATCHERS[level].replace_many((p.owner, p.name, p.replacement) for p in patches)
 
 
 def release(*, modules: bool = True) -> None:
-    """Undo one :func:`acquire` (a name someone rebound meanwhile is left as is)."""
+    """Undo one :func:`acquire`: what was there is put back (a name someone rebound meanwhile is
+    left as is)."""
     with _lock:
         for level in (_MODULES, _SOURCES) if modules else (_SOURCES,):
             _users[level] = max(0, _users[level] - 1)
             if _users[level]:
                 continue
             with handle_internal_errors("removing the determinism capture"):
-                installed = _installed[level]
-                while installed:
-                    patch = installed.pop()
-                    current = getattr(patch.owner, patch.name, None)
-                    if current is patch.replacement:
-                        setattr(patch.owner, patch.name, patch.original)
+                _PATCHERS[level].restore_all()
 
 
 def intercepted_sources() -> set[str]:
@@ -1006,7 +1012,7 @@ def intercepted_sources() -> set[str]:
 
 def installed() -> bool:
     """Whether any of the interception is in place (tests, benchmarks)."""
-    return bool(_installed[_SOURCES] or _installed[_MODULES])
+    return any(len(patcher) for patcher in _PATCHERS)
 
 
 def _on_session(session: Any, active: bool) -> None:

@@ -96,18 +96,6 @@ current_run: ContextVar[Span | None] = ContextVar("stepfork_run_span", default=N
 """The span of the ``record(...)`` run this context is in (set by ``otel/run.py``)."""
 
 
-def note_provider(provider: str) -> None:
-    """The run's ``invoke_agent`` span names the provider of its first LLM call
-    (``gen_ai.provider.name``), as the convention asks of an agent span when it is known."""
-    span = current_run.get()
-    if span is None or not span.is_recording():
-        return
-    attributes = getattr(span, "attributes", None)
-    if attributes is not None and k.GEN_AI_PROVIDER_NAME in attributes:
-        return
-    span.set_attribute(k.GEN_AI_PROVIDER_NAME, provider)
-
-
 # --- payloads, failures, the end -----------------------------------------------------------------
 
 

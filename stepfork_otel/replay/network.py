@@ -69,7 +69,9 @@ path when a level above has named the request). A hook cannot be removed: it is 
 the first activation, and switched on and off with the guards.
 
 Above the floor, patches installed only while some guard is active, the HTTP ones only for a
-library already imported when a guard activates (an optional library is never imported here):
+library already imported when a guard activates (an optional library is never imported here),
+through one :class:`~stepfork_otel._patching.Patcher` (the last deactivation undoes what it
+replaced; a wrapper another library put around one of them since is left in place):
 
 * ``socket.create_connection`` and ``urllib3.util.connection.create_connection`` -- the two
   "resolve, then connect" helpers (``http.client`` and ``httpcore`` use the first, ``urllib3`` and
@@ -125,6 +127,7 @@ from urllib.parse import urlsplit
 from opentelemetry import context as otel_context
 
 from stepfork_otel._internal import handle_internal_errors
+from stepfork_otel._patching import Patcher
 from stepfork_otel.config import CONFIG
 from stepfork_otel.replay.errors import ReplayPolicyError
 
@@ -135,7 +138,6 @@ _SUPPRESS_KEY = getattr(otel_context, "_SUPPRESS_INSTRUMENTATION_KEY", "suppress
 
 _INET = (socket.AF_INET, socket.AF_INET6)
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
-_GUARD_MARK = "__stepfork_network_guard__"
 
 
 # -- the error --------------------------------------------------------------------------------
@@ -783,11 +785,6 @@ _AUDITED: dict[str, Callable[[tuple[Any, ...]], None]] = {
 # -- the patches ----------------------------------------------------------------------------------
 
 
-def _mark(wrapper: Any) -> Any:
-    setattr(wrapper, _GUARD_MARK, True)
-    return wrapper
-
-
 def _wrap_create_connection(original: Any, via: str) -> Any:
     @functools.wraps(original)
     def create_connection(address: Any, *args: Any, **kwargs: Any) -> Any:
@@ -800,7 +797,7 @@ def _wrap_create_connection(original: Any, via: str) -> Any:
         finally:
             _GUARD.reset(token)
 
-    return _mark(create_connection)
+    return create_connection
 
 
 def _wrap_putrequest(original: Any, via: str) -> Any:
@@ -811,7 +808,7 @@ def _wrap_putrequest(original: Any, via: str) -> Any:
             _vet_http_client(guards, self, method, url)
         return original(self, method, url, *args, **kwargs)
 
-    return _mark(putrequest)
+    return putrequest
 
 
 def _wrap_urlopen(original: Any, via: str) -> Any:
@@ -826,7 +823,7 @@ def _wrap_urlopen(original: Any, via: str) -> Any:
         finally:
             _REQUEST.reset(token)
 
-    return _mark(urlopen)
+    return urlopen
 
 
 def _wrap_handle_request(original: Any, via: str) -> Any:
@@ -837,7 +834,7 @@ def _wrap_handle_request(original: Any, via: str) -> Any:
             _vet_httpx(guards, self, request, via)
         return original(self, request)
 
-    return _mark(handle_request)
+    return handle_request
 
 
 def _wrap_handle_async_request(original: Any, via: str) -> Any:
@@ -848,7 +845,7 @@ def _wrap_handle_async_request(original: Any, via: str) -> Any:
             _vet_httpx(guards, self, request, via)
         return await original(self, request)
 
-    return _mark(handle_async_request)
+    return handle_async_request
 
 
 @dataclass(frozen=True, slots=True)
@@ -863,6 +860,10 @@ class _PatchPoint:
     @property
     def via(self) -> str:
         return ".".join(part for part in (self.module, self.owner, self.name) if part)
+
+    def make(self, current: Any) -> Any:
+        """The guard's wrapper of ``current``, the attribute it replaces."""
+        return self.wrap(current, self.via)
 
 
 _PATCH_POINTS: tuple[_PatchPoint, ...] = (
@@ -881,16 +882,6 @@ _PATCH_POINTS: tuple[_PatchPoint, ...] = (
 )
 
 
-@dataclass(slots=True)
-class _Installed:
-    owner: Any
-    name: str
-    had_own: bool
-    """The attribute was in the owner's own ``__dict__`` (else inherited: restored by deleting)."""
-    own_value: Any
-    wrapper: Any
-
-
 class _Patches:
     """The process-wide patches, installed while any guard is active (counted), and the audit
     hook, added once and switched on while any guard is active."""
@@ -899,7 +890,7 @@ class _Patches:
         self.lock = threading.Lock()
         """Held while the guards and patches change (a guard narrowing takes it too)."""
         self._count = 0
-        self._installed: list[_Installed] = []
+        self._patcher = Patcher("the replay network guard")
 
     def acquire(self, guard: NetworkGuard) -> None:
         with self.lock:
@@ -945,30 +936,11 @@ class _Patches:
         for point in _PATCH_POINTS:
             module = sys.modules.get(point.module)
             owner = getattr(module, point.owner, None) if point.owner else module
-            if owner is None or any(
-                done.owner is owner and done.name == point.name for done in self._installed
-            ):
-                continue
-            current = getattr(owner, point.name, None)
-            if current is None or getattr(current, _GUARD_MARK, False):
-                continue
-            own = vars(owner)
-            wrapper = point.wrap(current, point.via)
-            installed = _Installed(
-                owner, point.name, point.name in own, own.get(point.name), wrapper
-            )
-            setattr(owner, point.name, wrapper)
-            self._installed.append(installed)
+            if owner is not None:  # (httpx2 aliased as httpx: the same owner, patched once)
+                self._patcher.wrap(owner, point.name, point.make)
 
     def _restore(self) -> None:
-        for done in reversed(self._installed):
-            if vars(done.owner).get(done.name) is not done.wrapper:
-                continue  # patched over since: leave theirs (ours inside it is inert)
-            if done.had_own:
-                setattr(done.owner, done.name, done.own_value)
-            else:
-                delattr(done.owner, done.name)
-        self._installed.clear()
+        self._patcher.restore_all()  # (patched over since: theirs is left, ours in it inert)
 
 
 _PATCHES = _Patches()

@@ -3,8 +3,10 @@
 hold -- for OpenAI (Chat Completions, Responses, Embeddings) and Anthropic (Messages).
 
 Always: ``gen_ai.request.*`` parameters, ``gen_ai.response.id``/``model``/``finish_reasons``,
-``gen_ai.usage.*`` (cache read/creation included; Anthropic's ``input_tokens`` excludes cached
-tokens, the convention's includes them, so they are added), ``error.type`` for an error status.
+``gen_ai.usage.*`` (cache read and write included -- the write under its current name,
+``cache_write``, and its old one, ``cache_creation``, which some back-ends still read;
+Anthropic's ``input_tokens`` excludes cached tokens, the convention's includes them, so they are
+added), ``error.type`` for an error status.
 Message content (``gen_ai.input.messages``, ``gen_ai.output.messages``,
 ``gen_ai.system_instructions``, ``gen_ai.tool.definitions``) only when
 ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is ``true``, ``SPAN_ONLY`` or
@@ -57,11 +59,19 @@ def content_captured() -> bool:
     return flag in _CONTENT_ON_SPANS and CONFIG.settings.capture_content
 
 
-def _parsed(text: str) -> dict[str, Any]:
+_UNPARSED: Any = object()
+
+
+def _loaded(text: str) -> Any:
+    """The JSON value of ``text`` (``_UNPARSED`` when it is not JSON)."""
     try:
-        return as_dict(orjson.loads(text))
+        return orjson.loads(text)
     except orjson.JSONDecodeError:
-        return {}
+        return _UNPARSED
+
+
+def _parsed(text: str) -> dict[str, Any]:
+    return as_dict(_loaded(text))
 
 
 def describe(
@@ -69,11 +79,24 @@ def describe(
     output_text: str,
     usage_elsewhere: bool,
     response: Any,
+    output: Any = None,
 ) -> dict[str, Any]:
-    """The attributes of one call; ``response(request body, output record) -> Summary``."""
+    """The attributes of one call; ``response(request body, output record) -> Summary``.
+    ``output``: the recorded output already parsed from ``output_text`` (a replay substitutes
+    it: its JSON value is at hand), else None: parsed here."""
     request = _parsed(input_text)
-    output = _parsed(output_text)
-    body = as_dict(request.get("body"))
+    return _described(
+        as_dict(request.get("body")),
+        _parsed(output_text) if output is None else as_dict(output),
+        usage_elsewhere,
+        response,
+    )
+
+
+def _described(
+    body: dict[str, Any], output: dict[str, Any], usage_elsewhere: bool, response: Any
+) -> dict[str, Any]:
+    """:func:`describe` of a request ``body`` and an ``output`` record, both parsed."""
     attributes = request_attributes(body)
     status = output.get("status")
     if isinstance(status, int) and status >= 400:
@@ -91,7 +114,8 @@ def describe(
             (k.GEN_AI_USAGE_INPUT_TOKENS, summary.input_tokens),
             (k.GEN_AI_USAGE_OUTPUT_TOKENS, summary.output_tokens),
             (k.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, summary.cache_read),
-            (k.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, summary.cache_creation),
+            (k.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS, summary.cache_creation),
+            (k.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, summary.cache_creation),  # the old name
         ):
             if value is not None:
                 attributes[attribute] = value
@@ -115,16 +139,18 @@ def describe(
     return attributes
 
 
-def describe_request(provider: str, input_text: str, output_text: str) -> dict[str, Any]:
+def describe_request(
+    provider: str, input_text: str, output_text: str, output: Any = None
+) -> dict[str, Any]:
     """A hand-written ``llm_request``/``allm_request`` described as the SDK integrations describe
     their calls, when its request and response have an SDK's shape: Anthropic's Messages for
     provider ``anthropic``, else OpenAI's Chat Completions or Responses (the shape OpenAI-compatible
     APIs share). A request with neither ``messages`` nor ``input`` is described by nothing here
-    (its usage still is: ``spans.usage_attributes``)."""
+    (its usage still is: ``spans.usage_attributes``). ``output``: as in :func:`describe`."""
     request = _parsed(input_text)
     if not isinstance(request.get("messages"), list) and "input" not in request:
         return {}
     response = anthropic_response if provider == "anthropic" else openai_response
-    return describe(
-        '{"body":' + input_text + "}", '{"status":200,"body":' + output_text + "}", False, response
-    )
+    body = _loaded(output_text) if output is None else output
+    record = {} if body is _UNPARSED else {"status": 200, "body": body}
+    return _described(request, record, False, response)

@@ -24,8 +24,10 @@ def _operation(method: str, url: str) -> str:
     return f"{method} {url}"
 
 
-def _describe(input_text: str, output_text: str, usage_elsewhere: bool) -> dict[str, Any]:
-    return genai.describe(input_text, output_text, usage_elsewhere, genai.openai_response)
+def _describe(
+    input_text: str, output_text: str, usage_elsewhere: bool, output: Any
+) -> dict[str, Any]:
+    return genai.describe(input_text, output_text, usage_elsewhere, genai.openai_response, output)
 
 
 OPENAI = sdk.Provider(k.PROVIDER_OPENAI, "openai", _operation, _describe)

@@ -57,6 +57,7 @@ from opentelemetry import trace as trace_api
 
 from stepfork_otel import constants as k
 from stepfork_otel._internal import handle_internal_errors
+from stepfork_otel._patching import Patcher
 from stepfork_otel.config import CONFIG
 from stepfork_otel.recording import boundaries
 from stepfork_otel.recording.contract import current_session
@@ -68,8 +69,9 @@ from stepfork_otel.trace.payload import exception_message, qualified_name
 
 logger = logging.getLogger("stepfork_otel")
 
-Describe = Callable[[str, str, bool], dict[str, Any]]
-"""``(redacted input text, redacted output text, usage counted elsewhere) -> span attributes``."""
+Describe = Callable[[str, str, bool, Any], dict[str, Any]]
+"""``(redacted input text, redacted output text, usage counted elsewhere, the output already
+parsed from that text or None) -> span attributes``."""
 
 
 INPUT_HINT = (
@@ -108,17 +110,14 @@ class _Carried(BaseException):
         self.error = error
 
 
-_ORIGINAL = "__stepfork_original__"
+_PATCHES = Patcher("instrumenting LLM SDKs")
+"""Every patch of the SDKs' clients and of the HTTP libraries' ``send``."""
 
 
 def _original(function: Any) -> Any:
-    """What ``function`` wraps when it is one of stepfork's wrappers, else None. Looked up in
-    the function's own ``__dict__``: another instrumentation's wrapper around ours (wrapt's
-    ``FunctionWrapper``, a proxy) would hand out our attribute as its own, and undoing stepfork
-    would then remove that instrumentation too."""
-    if type(function) is not types.FunctionType:
-        return None
-    return function.__dict__.get(_ORIGINAL)
+    """What ``function`` wraps when it is one of stepfork's wrappers, else None (see
+    :meth:`~stepfork_otel._patching.Patcher.replaced`: never read through a proxy)."""
+    return _PATCHES.replaced(function)
 
 
 def _as_function(method: Any) -> Callable[..., Any]:
@@ -140,13 +139,11 @@ def _as_function(method: Any) -> Callable[..., Any]:
     return functools.update_wrapper(bound, method, updated=())
 
 
-def _wrapped(
-    wrap: Callable[[Callable[..., Any]], Callable[..., Any]], current: Any
-) -> Callable[..., Any]:
-    """``wrap`` applied to the method ``current``, marked as stepfork's with what it replaced."""
-    patched = wrap(_as_function(current))
-    setattr(patched, _ORIGINAL, current)
-    return patched
+def _wrapper(
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]],
+) -> Callable[[Any], Callable[..., Any]]:
+    """What :meth:`Patcher.wrap` calls with the method it replaces: ``wrap`` applied to it."""
+    return lambda current: wrap(_as_function(current))
 
 
 # --- the SDK's request: marks the calls that come from the SDK -----------------------------------
@@ -252,7 +249,7 @@ def _prepare(call: _SdkCall, http: Http, request: Any) -> Any:
             span_name=f"{operation} {model}" if model else operation,
             input_hint=INPUT_HINT,
             view=exchange.response_record,
-            describe=lambda i, o: provider.describe(i, o, elsewhere),
+            describe=lambda i, o, parsed: provider.describe(i, o, elsewhere, parsed),
             rebuild_error=lambda error_type, message: http.transport_error(
                 error_type, message, request
             ),
@@ -526,22 +523,6 @@ _clients: dict[str, int] = {}
 """Providers with instrumented clients (count), which need the HTTP patch too."""
 
 
-def _patch(owner: Any, name: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    current = owner.__dict__.get(name) if isinstance(owner, type) else None
-    if current is None:
-        current = getattr(owner, name, None)
-    if current is None or _original(current) is not None:
-        return  # absent in this release, or patched already
-    setattr(owner, name, _wrapped(wrap, current))
-
-
-def _unpatch(owner: Any, name: str) -> None:
-    current = owner.__dict__.get(name) if isinstance(owner, type) else None
-    original = _original(current)
-    if original is not None:
-        setattr(owner, name, original)
-
-
 def _static(cls: type, name: str) -> Any:
     """The attribute ``name`` of ``cls`` as its class dictionary holds it (not bound)."""
     for klass in cls.__mro__:
@@ -576,16 +557,18 @@ def _http_libraries() -> list[Http]:
 
 def _install_http() -> None:
     for http in _http_libraries():
-        _patch(http.module.Client, "send", functools.partial(_sync_send, http))
-        _patch(http.module.AsyncClient, "send", functools.partial(_async_send, http))
+        _PATCHES.wrap(http.module.Client, "send", _wrapper(functools.partial(_sync_send, http)))
+        _PATCHES.wrap(
+            http.module.AsyncClient, "send", _wrapper(functools.partial(_async_send, http))
+        )
 
 
 def _uninstall_http() -> None:
     if _instrumented or any(_clients.values()):
         return
     for http in _http_libraries():
-        _unpatch(http.module.Client, "send")
-        _unpatch(http.module.AsyncClient, "send")
+        _PATCHES.restore(http.module.Client, "send")
+        _PATCHES.restore(http.module.AsyncClient, "send")
 
 
 def _base_client(provider: Provider) -> Any:
@@ -605,11 +588,11 @@ def instrument(provider: Provider, client: Any = None) -> None:
         _install_http()
         if client is None:
             for cls in _with_own(base.SyncAPIClient, "request"):
-                _patch(cls, "request", functools.partial(_sync_request, provider))
+                _PATCHES.wrap(cls, "request", _wrapper(functools.partial(_sync_request, provider)))
             for cls in _with_own(base.AsyncAPIClient, "request"):
-                _patch(cls, "request", functools.partial(_async_request, provider))
-            _patch(base.SyncAPIClient, "_sleep_for_retry", _sync_sleep)
-            _patch(base.AsyncAPIClient, "_sleep_for_retry", _async_sleep)
+                _PATCHES.wrap(cls, "request", _wrapper(functools.partial(_async_request, provider)))
+            _PATCHES.wrap(base.SyncAPIClient, "_sleep_for_retry", _wrapper(_sync_sleep))
+            _PATCHES.wrap(base.AsyncAPIClient, "_sleep_for_retry", _wrapper(_async_sleep))
             _instrumented.add(provider.module)
             _said_unmarked.discard(provider.module)
             _said.clear()  # said once per failure from here on
@@ -624,12 +607,12 @@ def instrument(provider: Provider, client: Any = None) -> None:
             return  # this client is instrumented already
         is_async = isinstance(client, base.AsyncAPIClient)
         wrap = _async_request if is_async else _sync_request
-        method = _wrapped(functools.partial(wrap, provider), _static(type(client), "request"))
-        client.request = types.MethodType(method, client)
+        method = wrap(provider, _as_function(_static(type(client), "request")))
+        _PATCHES.replace(client, "request", types.MethodType(method, client))
         sleep = _static(type(client), "_sleep_for_retry")
         if sleep is not None and _original(sleep) is None:
-            sleeper = _wrapped(_async_sleep if is_async else _sync_sleep, sleep)
-            client._sleep_for_retry = types.MethodType(sleeper, client)
+            sleeper = (_async_sleep if is_async else _sync_sleep)(_as_function(sleep))
+            _PATCHES.replace(client, "_sleep_for_retry", types.MethodType(sleeper, client))
         _clients[provider.name] = _clients.get(provider.name, 0) + 1
 
 
@@ -643,11 +626,11 @@ def uninstrument(provider: Provider, client: Any = None) -> None:
         if client is None:
             for root in (base.SyncAPIClient, base.AsyncAPIClient):
                 for cls in _with_own(root, "request"):
-                    _unpatch(cls, "request")
-                _unpatch(root, "_sleep_for_retry")
+                    _PATCHES.restore(cls, "request")
+                _PATCHES.restore(root, "_sleep_for_retry")
             _instrumented.discard(provider.module)
         elif "request" in vars(client):
-            del client.request
-            vars(client).pop("_sleep_for_retry", None)
+            _PATCHES.restore(client, "request")
+            _PATCHES.restore(client, "_sleep_for_retry")
             _clients[provider.name] = max(0, _clients.get(provider.name, 0) - 1)
         _uninstall_http()
