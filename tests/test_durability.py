@@ -438,6 +438,7 @@ CHILD_FORKS = textwrap.dedent(
         "parent_complete": parent.complete,
         "child": [c.input for c in child.calls],
         "child_complete": child.complete,
+        "files": sorted(p.name for p in out.iterdir() if p.suffix != ".py"),
     }))
     """
 )
@@ -459,6 +460,7 @@ def test_a_forked_child_leaves_the_parents_bundle_to_the_parent(tmp_path: Path) 
     assert values["parent_complete"]
     assert values["child"] == ['{"i":200}']
     assert values["child_complete"]
+    assert values["files"] == ["child.sftrace", "parent.sftrace"]  # (step(100): in no bundle)
 
 
 # --- issue 28: a run started on an existing path, a call that returned on another thread ---------

@@ -134,7 +134,7 @@ def test_fuzzed_spans_never_stop_the_import_of_the_rest_of_their_trace() -> None
         spans.append(span("f" * 16, 50, dict(GOOD)))  # one good call after the damage
         adopted = foreign.adopt(spans, DEFAULT_REDACTOR)
         assert adopted is not None
-        trace = spans_to_trace(adopted.records, redactor=DEFAULT_REDACTOR)
+        trace = spans_to_trace(adopted.records, redactor=DEFAULT_REDACTOR, until_root_ends=False)
         last = trace.calls[-1]
         assert isinstance(last, LlmRequest)
         assert last.span_id == "f" * 16
@@ -230,7 +230,7 @@ def test_a_messages_only_call_whose_input_is_not_a_form_makes_the_bundle_invalid
 
     adopted = foreign.adopt([span("1" * 16, 1, dict(GOOD))], DEFAULT_REDACTOR)
     assert adopted is not None
-    trace = spans_to_trace(adopted.records, redactor=DEFAULT_REDACTOR)
+    trace = spans_to_trace(adopted.records, redactor=DEFAULT_REDACTOR, until_root_ends=False)
     assert validate_structure(trace) == []
     call = trace.calls[0]
     broken = trace.model_copy(

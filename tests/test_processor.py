@@ -422,7 +422,7 @@ def test_boundary_calls_outside_any_span_with_nowhere_to_go_are_not_queued(
             ("llm_response", "call-2"),
             ("tool_result", "call-1"),
         ]
-        assert len(queued) == 6  # the run and the two calls inside it, each started and ended
+        assert len(queued) == 7  # the run, its bundle, the calls inside it: started and ended
         assert processor.bundles.open_traces == 0
     finally:
         processor.shutdown()

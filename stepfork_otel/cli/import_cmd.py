@@ -97,12 +97,22 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add_common_arguments(parser)
 
 
-def _bundle_path(directory: Path, trace: Trace, written: set[str]) -> Path:
-    """Named as the bundle processor names it (``bundle_file_name``)."""
-    again = trace.trace_id in written and trace.run.span_id
-    name = bundle_file_name(trace.trace_id, trace.run.span_id if again else None)
-    written.add(trace.trace_id)
-    return directory / name
+def _bundle_path(directory: Path, trace: Trace, written: dict[str, list[bool]]) -> Path:
+    """Named as the bundle processor names them (``bundle_file_name``): the first bundle of a
+    trace ``<trace_id>``, a later run ``<trace_id>-<span_id>``, a later bundle of calls outside
+    runs ``<trace_id>-outside-runs``, ``-outside-runs-2``, ... (``written``: per trace, whether
+    each bundle written so far was of calls outside runs)."""
+    before = written.setdefault(trace.trace_id, [])
+    outside = trace.run.span_id is None
+    before.append(outside)
+    if len(before) == 1:
+        tag = None
+    elif not outside:
+        tag = trace.run.span_id
+    else:
+        later = sum(before[1:])  # (the bundles of calls outside runs after the first bundle)
+        tag = "outside-runs" if later == 1 else f"outside-runs-{later}"
+    return directory / bundle_file_name(trace.trace_id, tag)
 
 
 def _describe(trace: Trace) -> str:
@@ -186,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     style = Style(sys.stdout)
     directory = Path(args.output)
     report = ImportReport()
-    written: set[str] = set()
+    written: dict[str, list[bool]] = {}
     imported: list[dict[str, Any]] = []  # (--json) what each run came to, not its trace
     attention = False
     existing = 0

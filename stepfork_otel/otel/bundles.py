@@ -54,6 +54,10 @@ logger = logging.getLogger("stepfork_otel")
 _EMPTY: Mapping[str, Payload] = {}
 #: Ended calls remembered per trace, to tell a call made after the call it was made in ended.
 _RECENT_CALLS = 1024
+#: Spans queued at which the writer is woken to take them at once, not at its next round.
+_QUEUE_ITEMS = 8192
+#: Default names tried for a bundle whose name another file holds.
+_NAME_TRIES = 16
 
 
 def attributes_of(span: ReadableSpan) -> Mapping[str, Any]:
@@ -154,6 +158,8 @@ class _Trace:
     one of those, counted as dropped."""
     late: int = 0
     """Calls that started after the call they were made in had ended (in no bundle)."""
+    reserved: Path | None = None
+    """The name the program's thread took for the trace's first bundle of calls outside runs."""
 
 
 class Bundles:
@@ -169,7 +175,7 @@ class Bundles:
         stats: ProcessorStats,
         open_file: Callable[[Path, BundleEncoder], BundleAppender],
         claim: Callable[[Path, int, int | None], Path],
-        reserved: Callable[[int], Path | None],
+        interval: Callable[[], float | None],
         max_open_traces: int,
         max_spans_per_trace: int,
     ) -> None:
@@ -179,29 +185,43 @@ class Bundles:
         self.stats = stats
         self._open_file = open_file
         self._claim = claim
-        self._reserved = reserved
+        self._interval = interval
         self.max_open_traces = max_open_traces
         self.max_spans_per_trace = max_spans_per_trace
         self._queue: deque[Any] = deque()
+        self._armed = False
+        """The writer knows the queue has work (its periodic rounds are running)."""
         self.queued = 0
         """Payload bytes queued since the writer last took the queue (approximate: a trigger)."""
         # the writer thread's own
         self._traces: dict[str, _Trace] = {}
         self._refused: OrderedDict[str, int] = OrderedDict()
         """Traces refused as a whole (at the open-trace cap) -> spans dropped so far."""
-        self._refused_runs: dict[str, _Bundle] = {}
+        self._refused_runs: dict[str, tuple[str, _Bundle]] = {}
+        """Run span id -> (trace id, its bundle) of the runs of refused traces."""
         self._appenders: set[BundleAppender] = set()
         _WRITER.add(self)
 
     # -- any thread ------------------------------------------------------------------------------
 
     def put(self, item: Any) -> None:
-        """Queue a span's start (``(span,)``) or end (``(span, payloads)``), or a marker."""
-        self._queue.append(item)
+        """Queue a span's start (``(span,)``, or ``("name", span, path)``: with the name its
+        trace's first bundle of calls outside runs is to have) or end (``(span, payloads)``)."""
+        queue = self._queue
+        queue.append(item)
+        if not self._armed:  # (the first item since the writer's last round: its rounds start)
+            self._armed = True
+            _WRITER.arm()
+        elif len(queue) >= _QUEUE_ITEMS:  # a flood of spans: the writer takes them now
+            _WRITER.wake()
 
     def open_run(self, span: ReadableSpan, appender: BundleAppender) -> None:
         """Queue the start of a run's bundle, its file already created with its header."""
-        self._queue.append(("open", span, appender))
+        self.put(("open", span, appender))
+
+    def busy(self) -> bool:
+        """Something is queued, or a bundle is open (for the exit handler)."""
+        return bool(self._queue or self._appenders or self._refused_runs)
 
     def wait(self, timeout: float = -1, *, close: str | None = None) -> bool:
         """Wait until the writer has taken and written everything queued before (``close``:
@@ -221,35 +241,42 @@ class Bundles:
     # -- the writer thread -----------------------------------------------------------------------
 
     def flush_interval(self) -> float | None:
+        """The shortest flush interval of the open bundles, and of the queue while it has work."""
         intervals = [a.flush_interval for a in self._appenders if a.flush_interval]
+        if self._queue:
+            interval = self._interval()
+            if interval:
+                intervals.append(interval)
         return min(intervals) if intervals else None
 
     def round(self, tick: bool) -> None:
-        """Take what is queued, route it, and write what is due."""
+        """Take what is queued, route it, and write what is due. Every marker taken is set,
+        whatever fails (a thread waits on it)."""
+        self._armed = False  # (before taking: an item queued from now on arms the writer again)
         queue = self._queue
         items = [queue.popleft() for _ in range(len(queue))]  # (what was queued by now)
         self.queued = 0
-        waits: list[Wait] = []
         try:
             for item in items:
-                if isinstance(item, Wait):
-                    waits.append(item)
-                    if item.close is not None:
-                        self._close_all(item.close)
-                    continue
                 try:
-                    self._take(item)
+                    if isinstance(item, Wait):
+                        if item.close is not None:
+                            self._close_all(item.close)
+                    else:
+                        self._take(item)
                 except Exception:
                     log_internal_error("writing a span to its bundle")
-                    self._lost(item)
-            force = bool(waits)
+                    if not isinstance(item, Wait):
+                        self._lost(item)
+            force = any(isinstance(item, Wait) for item in items)
             for appender in list(self._appenders):
                 appender.write_pending(force=force, tick=tick)
                 if appender.closed:
                     self._appenders.discard(appender)
         finally:
-            for marker in waits:
-                marker.set()
+            for item in items:
+                if isinstance(item, Wait):
+                    item.set()
 
     def leave_to_parent(self) -> None:
         self._queue.clear()
@@ -260,7 +287,7 @@ class Bundles:
     def _lost(self, item: tuple[Any, ...]) -> None:
         """A span could not be taken: the open bundles of its trace say they may lack a call."""
         try:
-            span = item[1] if item[0] == "open" else item[0]
+            span = item[1] if item[0] in ("open", "name") else item[0]
             state = self._traces.get(format(span.get_span_context().trace_id, "032x"))
             for bundle in state.bundles if state is not None else ():
                 bundle.builder.lost += 1
@@ -271,6 +298,8 @@ class Bundles:
     def _take(self, item: tuple[Any, ...]) -> None:
         if item[0] == "open":
             self._open_run(item[1], item[2])
+        elif item[0] == "name":
+            self._started(item[1], item[2])
         elif len(item) == 1:
             self._started(item[0])
         else:
@@ -316,7 +345,7 @@ class Bundles:
 
     # -- starts --------------------------------------------------------------------------------------
 
-    def _started(self, span: ReadableSpan) -> None:
+    def _started(self, span: ReadableSpan, name: Path | None = None) -> None:
         ctx = span.get_span_context()
         if ctx is None:
             return
@@ -324,6 +353,8 @@ class Bundles:
         state = self._trace(trace_id)
         if state is None:
             return  # (a refused trace: counted as its spans end)
+        if name is not None:
+            state.reserved = name
         span_id = _hex(ctx.span_id)
         if len(state.spans) >= self.max_spans_per_trace:
             if not state.capped:
@@ -353,7 +384,9 @@ class Bundles:
         trace ends), in a run that has no bundle, or outside every run -- then, with a
         directory, the first call of a bundle of calls outside runs."""
         if parent is not None and parent in state.recent_calls:
-            state.late += 1
+            state.late += 1  # (said when the trace is let go; its open bundles may lack it)
+            for bundle in state.bundles:
+                bundle.builder.late += 1
             return
         if self.writer.directory is None:
             return
@@ -367,10 +400,12 @@ class Bundles:
             root, steps = link, steps + 1
             if state.spans[root][1] == k.KIND_RUN:
                 return  # inside a run whose bundle is not written (not sampled, refused)
-        if root == span_id:  # a call outside any span: the call and the calls it makes
-            builder = BundleBuilder(state.trace_id, span_id, self._redactor())
-            bundle = self._open(state, builder, None)
-            if bundle is not None:
+        if root == span_id:
+            if parent is not None and parent not in state.spans:
+                return  # made in a span never seen here (a forked child's inherited run)
+            builder = BundleBuilder(state.trace_id, span_id, self._redactor())  # a call outside
+            # any span: the call and the calls it makes
+            if self._open(state, builder, None) is not None:
                 builder.started(span_id, None, kind, span)
             return
         parents = {i: v[0] for i, v in state.spans.items()}
@@ -402,12 +437,20 @@ class Bundles:
     ) -> _Bundle | None:
         """Open a bundle of calls outside runs (or of a lone call) at its default path."""
         trace_id = int(state.trace_id, 16)
-        path = self._reserved(trace_id) or self._claim(
-            self.writer.default_path(state.trace_id), trace_id, None
-        )
+        path, state.reserved = state.reserved, None
         header = Trace(trace_id=state.trace_id, run=run_info(None, None))
         try:
-            appender = self._open_file(path, BundleEncoder(header))
+            appender = None
+            for _ in range(_NAME_TRIES):  # (a default name: never over another bundle's file)
+                if path is None:
+                    path = self._claim(self.writer.default_path(state.trace_id), trace_id, None)
+                try:
+                    appender = self._open_file(path, BundleEncoder(header))
+                    break
+                except FileExistsError:
+                    path = None
+            if appender is None:
+                raise FileExistsError(f"no free name for a bundle of trace {state.trace_id}")
         except Exception:
             self.stats.write_errors += 1
             log_internal_error(f"writing the bundle {path}")
@@ -431,7 +474,7 @@ class Bundles:
         )
         state = self._trace(trace_id)
         if state is None:  # refused: the bundle holds the run only, with the reason
-            self._refused_runs[run_id] = _Bundle(builder, appender, span)
+            self._refused_runs[run_id] = (trace_id, _Bundle(builder, appender, span))
             self._appenders.add(appender)
             return
         builder.started(run_id, None, k.KIND_RUN)
@@ -454,11 +497,14 @@ class Bundles:
             if trace_id in self._refused:
                 self._refused[trace_id] += 1
                 self.stats.dropped_spans += 1
-                refused = self._refused_runs.pop(span_id, None)
-                if refused is not None:
-                    self._close_refused(refused, span, payloads, self._refused[trace_id])
-                if _local_parent(span) is None:
-                    del self._refused[trace_id]
+            refused = self._refused_runs.pop(span_id, None)
+            if refused is not None:  # (looked up whatever became of the trace's count)
+                dropped = self._refused.get(trace_id, 0)
+                self._close_refused(refused[1], span, payloads, max(dropped, 1))
+            if _local_parent(span) is None and not any(
+                t == trace_id for t, _ in self._refused_runs.values()
+            ):
+                self._refused.pop(trace_id, None)
             return
         known = state.spans.get(span_id)
         if known is None:
@@ -496,8 +542,8 @@ class Bundles:
             for i in grouping.subtree({i: v[0] for i, v in state.spans.items()}, span_id):
                 if i in state.ended:
                     del state.ended[i], state.spans[i]
-        if state.open <= 0 and not state.bundles:
-            self._forget(state)
+        if not state.bundles and (state.open <= 0 or self.writer.directory is None):
+            self._forget(state)  # (without a directory, what is left of it makes no bundle)
 
     def _add(self, bundle: _Bundle, record: SpanRecord) -> None:
         """A span of the bundle ended: its events, written at the next write."""
@@ -525,13 +571,21 @@ class Bundles:
         """Write the calls still open and the trailer, and close the bundle's file. (The
         hand-off is read without its lock, here as everywhere on the writer thread: an exit
         handler waiting for the writer may have interrupted a thread that holds it.)"""
-        still_open = [
-            span_record(handle, self._handoff.peek(handle.get_span_context().span_id))
-            for handle in bundle.builder.open_calls()
-            if handle is not None
-        ]
-        rest, final = bundle.builder.finish(root, still_open, reason=reason, dropped=dropped)
         appender = bundle.appender
+        try:
+            still_open = [
+                span_record(handle, self._handoff.peek(handle.get_span_context().span_id))
+                for handle in bundle.builder.open_calls()
+                if handle is not None
+            ]
+            rest, final = bundle.builder.finish(root, still_open, reason=reason, dropped=dropped)
+        except Exception:  # the file keeps what it holds, without a trailer (it loads so)
+            self.stats.write_errors += 1
+            log_internal_error(f"closing the bundle {'' if appender is None else appender.path}")
+            if appender is not None:
+                appender.abandon()
+                self._appenders.discard(appender)
+            return
         if appender is None:
             return
         if appender.finish(rest, final):
@@ -559,13 +613,17 @@ class Bundles:
         for state in list(self._traces.values()):
             for bundle in state.bundles:
                 handle = bundle.root  # (None: a lone call, written as a call still open)
-                root = None
-                if handle is not None:
-                    span_id = handle.get_span_context().span_id  # type: ignore[union-attr]
-                    root = span_record(handle, self._handoff.peek(span_id))
+                try:
+                    root = None
+                    if handle is not None:
+                        span_id = handle.get_span_context().span_id  # type: ignore[union-attr]
+                        root = span_record(handle, self._handoff.peek(span_id))
+                except Exception:
+                    log_internal_error("reading a bundle's root span at its close")
+                    root = None
                 self._close(bundle, root, state.dropped, reason)
             state.bundles.clear()
-        for bundle in self._refused_runs.values():
+        for _, bundle in self._refused_runs.values():
             root = None if bundle.root is None else span_record(bundle.root)
             self._close(bundle, root, 0, reason)
         self._traces.clear()

@@ -18,20 +18,24 @@ Which spans are queued:
 
 Design choices, and why:
 
-* It never raises into the program (every callback goes through ``handle_internal_errors``) and
-  blocks on nothing but the writer: when a run ends (the file is complete when ``with
-  record(...)`` returns), after each call with ``flush_interval=0`` (its events are on disk
-  before the call returns), and when more than :data:`~stepfork_otel.constants.
-  FLUSH_BUFFER_BYTES` of payloads are queued (a bound on memory).
+* It never raises into the program (an internal error is logged) and blocks on nothing but the
+  writer: when a run ends (the file is complete when ``with record(...)`` returns), with a
+  directory when a local root of a trace that made calls ends (the same, for its bundle), after
+  each call with ``flush_interval=0`` (its events are on disk before the call returns), and
+  when more than :data:`~stepfork_otel.constants.FLUSH_BUFFER_BYTES` of payloads are queued (a
+  bound on memory). The writer takes the queue every ``flush_interval`` while it holds
+  anything, and at once past a few thousand spans (a flood of the application's spans).
 * A run's bundle is created with its header when the run starts, on the run's thread (a file
   that cannot be created is said at once); its calls are appended as they end, its trailer when
   it ends. The file on disk is always a bundle that loads (``complete: false`` until the
   trailer): after ``SIGKILL`` it holds every call that ended more than ``flush_interval`` (1 s)
   before the kill. Memory holds what is open, not the run.
 * An interrupt (``KeyboardInterrupt``, a signal handler's ``sys.exit``) can land between any two
-  bytecodes of the program's thread; here that is before or after one atomic ``deque.append``,
-  so a call's end is queued or not -- not queued, it is written as a call still open when its
-  bundle closes. The writer thread, which counts and writes, is never interrupted so.
+  bytecodes of the program's thread. A span's end cut off before it was queued is queued on
+  the way out (without the hand-off copy: the writer then takes the payloads from the span),
+  so a run's bundle still gets its trailer; a call's start cut off makes no call. The writer
+  thread, which counts and writes, is never interrupted so, and takes no lock of the program's
+  threads: the exit handler that interrupted one can wait for it.
 * ``force_flush`` waits until everything queued is written (each bundle is its own snapshot);
   ``shutdown`` flushes, then closes the bundles still open, marked incomplete.
 * Crash durability: at exit and on ``SIGTERM`` (when the program has no handler of its own)
@@ -52,7 +56,6 @@ import os
 import signal
 import threading
 import weakref
-from collections import OrderedDict
 from pathlib import Path
 
 from opentelemetry.context import Context
@@ -67,7 +70,7 @@ from stepfork_otel.otel.bundles import (
     attributes_of,
     span_record,
 )
-from stepfork_otel.otel.writer import _WRITER, BundleAppender, BundleWriter, recover_directory
+from stepfork_otel.otel.writer import BundleAppender, BundleWriter, recover_directory
 from stepfork_otel.recording.handoff import HANDOFF, PayloadHandoff
 from stepfork_otel.trace.bundle import BundleEncoder, bundle_file_name
 from stepfork_otel.trace.conversion import run_info
@@ -82,6 +85,8 @@ logger = logging.getLogger("stepfork_otel")
 _RUN_END_WAIT = 30.0
 #: Traces with calls outside runs remembered (for their local roots' ends).
 _REMEMBERED_TRACES = 4096
+#: Default names tried for a bundle whose name another file holds.
+_NAME_TRIES = 16
 
 
 class _Followed:
@@ -129,14 +134,16 @@ class SftraceSpanProcessor(SpanProcessor):
         self.stats = ProcessorStats()
         #: Traces with a run being recorded (read without a lock: one dict lookup).
         self._followed: dict[int, _Followed] = {}
-        #: With a directory: traces that made calls outside runs (the last ones), each with the
-        #: name reserved for its first bundle of them (None: taken); their local roots' ends
-        #: wait for the writer.
-        self._with_calls: OrderedDict[int, Path | None] = OrderedDict()
-        #: Default bundle paths given per trace (any thread: a run's start, the writer).
-        self._claimed: dict[int, set[Path]] = {}
-        #: For ``_followed`` and ``_claimed``. Reentrant: the SIGTERM handler may land in the
-        #: middle of a run's start.
+        #: Of the runs being recorded, those that write each call at once (flush_interval=0).
+        self._at_once: set[int] = set()
+        #: With a directory: the traces that made calls (the last ones): their local roots'
+        #: ends wait for the writer. Single dict operations, no lock.
+        self._with_calls: dict[int, None] = {}
+        #: Default bundle paths given (the last ones), in any thread -- a run's start, the
+        #: writer -- each taken with one atomic ``setdefault``: no lock the writer could wait on.
+        self._names: dict[Path, object] = {}
+        #: For ``_followed`` and ``_at_once`` (the program's threads only; never the writer's).
+        #: Reentrant: the SIGTERM handler may land in the middle of a run's start.
         self._lock = threading.RLock()
         self._shutdown = False
         self.bundles = Bundles(
@@ -144,13 +151,14 @@ class SftraceSpanProcessor(SpanProcessor):
             redactor=lambda: self.config.settings.redactor,
             handoff=self._handoff,
             stats=self.stats,
-            open_file=self._appender,
+            open_file=lambda path, encoder: self._appender(path, encoder, exclusive=True),
             claim=self._claim,
-            reserved=self._reserved,
+            interval=self._background_interval,
             max_open_traces=max_open_traces,
             max_spans_per_trace=max_spans_per_trace,
         )
         self._handoff.attach()
+        _ALL.add(self)
         if self.writer.directory is not None:
             _watch_for_exit(self)
 
@@ -190,37 +198,43 @@ class SftraceSpanProcessor(SpanProcessor):
                     return
                 with self._lock:
                     self._followed.setdefault(trace_id, _Followed()).runs += 1
-            elif trace_id not in self._followed:
-                if self.writer.directory is None or self._shutdown:
-                    return  # nothing of it can reach a bundle
-                if kind is not None and trace_id not in self._with_calls:
-                    self._reserve(trace_id)
+            elif trace_id not in self._followed and (
+                self.writer.directory is None or self._shutdown
+            ):
+                return  # nothing of it can reach a bundle
+            if kind in k.BOUNDARY_KINDS and self.writer.directory is not None:
+                name = self._first_name(trace_id)
+                if name is not None:  # the trace's first call: with the name its first bundle
+                    self.bundles.put(("name", span, name))  # of calls outside runs will have
+                    return
             self.bundles.put((span,))
         except Exception:
             internal_error("queueing a started span")
 
     def on_end(self, span: ReadableSpan) -> None:
+        settled = False  # the end is queued, or need not be
+        kind = None
         try:
             kind = attributes_of(span).get(k.KIND)
             trace_id = span.context.trace_id
             followed = self._followed.get(trace_id)
             if followed is None and (self.writer.directory is None or self._shutdown):
+                settled = True
                 return
             bundles = self.bundles
             if kind is None:
                 bundles.put((span, None))
-                parent = span.parent
-                if (parent is None or parent.is_remote) and self._with_calls:
-                    self._local_root_ended(trace_id)
+                settled = True
+                self._local_root_ended(span, trace_id)
                 return
             # a copy: another bundle processor may read them too (see PayloadHandoff)
             payloads = self._handoff.read(span.context.span_id)
             bundles.put((span, payloads))
+            settled = True
             if kind == k.KIND_RUN:
-                self._run_ended(trace_id)
+                self._run_ended(span)
                 return
-            if span.parent is None and self._with_calls:  # a call outside any span
-                self._local_root_ended(trace_id)
+            if self._local_root_ended(span, trace_id):
                 return
             size = 512 + sum(p.size for p in payloads.values())
             bundles.queued += size
@@ -229,35 +243,38 @@ class SftraceSpanProcessor(SpanProcessor):
                 bundles.wait()
         except Exception:
             internal_error("queueing a finished span")
+        finally:
+            if not settled:  # cut off (an interrupt, an internal error) before its end was
+                # queued: queued as it is -- the writer decides; its payloads come from the span
+                self.bundles.put((span, None))
+                if kind == k.KIND_RUN:
+                    self._unfollow(span)
 
-    def _reserve(self, trace_id: int) -> None:
-        """With a directory, the first call outside runs of a trace: its bundle's name is taken
-        now, in the order the program made it (the writer opens the bundle later), and the
-        local roots of the trace will wait for the writer when they end."""
-        with self._lock:
-            if trace_id in self._with_calls:
-                return
-            path = self.writer.default_path(f"{trace_id:032x}")
-            self._with_calls[trace_id] = self._claim(path, trace_id, None)
-            while len(self._with_calls) > _REMEMBERED_TRACES:
-                self._with_calls.popitem(last=False)
+    def _first_name(self, trace_id: int) -> Path | None:
+        """With a directory, at a trace's first call: the name its first bundle of calls outside
+        runs will have, taken now, in the order the program made it (the writer opens the
+        bundle later, perhaps after a run of the trace took a name); from then on the trace's
+        local roots wait for the writer as they end. None: an earlier call of the trace took it.
+        (Two threads making a trace's first call at once take two names: one goes unused.)"""
+        calls = self._with_calls
+        if trace_id in calls:
+            return None
+        calls[trace_id] = None
+        if len(calls) > _REMEMBERED_TRACES:  # (bounded: the oldest traces are forgotten)
+            with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                del calls[next(iter(calls))]
+        return self._claim(self.writer.default_path(f"{trace_id:032x}"), trace_id, None)
 
-    def _reserved(self, trace_id: int) -> Path | None:
-        """(The writer thread.) The name reserved for the trace's first bundle of calls outside
-        runs, once (None: taken, or none reserved)."""
-        with self._lock:
-            path = self._with_calls.get(trace_id)
-            if path is not None:
-                self._with_calls[trace_id] = None
-            return path
-
-    def _local_root_ended(self, trace_id: int) -> None:
-        """With a directory, a local root of a trace that made calls outside runs ended: wait
-        until the writer has closed its bundle (the file is whole once the request is over)."""
-        if trace_id in self._with_calls:
+    def _local_root_ended(self, span: ReadableSpan, trace_id: int) -> bool:
+        """With a directory, a local root of a trace that made calls ended: wait until the
+        writer has closed the bundle it rooted (the file is whole once the request is over)."""
+        parent = span.parent
+        if (parent is None or parent.is_remote) and trace_id in self._with_calls:
             self.bundles.wait(_RUN_END_WAIT)
+            return True
+        return False
 
-    def _run_ended(self, trace_id: int) -> None:
+    def _run_ended(self, span: ReadableSpan) -> None:
         """A run span ended: wait until its bundle is closed, so that the file is whole when
         ``with record(...)`` returns; stop following its trace when no run of it is left."""
         try:
@@ -268,36 +285,52 @@ class SftraceSpanProcessor(SpanProcessor):
                     _RUN_END_WAIT,
                 )
         finally:
-            with self._lock:
-                followed = self._followed.get(trace_id)
-                if followed is not None:
-                    followed.runs -= 1
-                    if followed.runs <= 0:
-                        del self._followed[trace_id]
+            self._unfollow(span)
+
+    def _unfollow(self, span: ReadableSpan) -> None:
+        ctx = span.get_span_context()
+        if ctx is None:
+            return
+        with self._lock:
+            followed = self._followed.get(ctx.trace_id)
+            if followed is None:
+                return
+            if ctx.span_id in self._at_once:
+                self._at_once.discard(ctx.span_id)
+                followed.at_once -= 1
+            followed.runs -= 1
+            if followed.runs <= 0:
+                del self._followed[ctx.trace_id]
+
+    def _background_interval(self) -> float | None:
+        """How often the writer takes the queue while it holds something (None: only when asked)."""
+        interval = self.flush_interval
+        if not self.background_flush or interval is None or math.isinf(interval):
+            return None
+        return interval or None
 
     # -- destinations ----------------------------------------------------------------------------
 
     def _claim(self, path: Path, trace_id: int, span_id: int | None) -> Path:
-        """A default path not yet used by another bundle of the same trace: the first gets
+        """A default path not given to another bundle: the first bundle of a trace gets
         ``<trace_id>.sftrace``, a later run ``<trace_id>-<span_id>.sftrace``, later bundles of
-        calls outside runs ``<trace_id>-outside-runs[-N].sftrace``."""
-        with self._lock:
-            claimed = self._claimed.setdefault(trace_id, set())
-            if path in claimed:
-                tag = "outside-runs" if span_id is None else f"{span_id:016x}"
-                n, named = 1, tag
-                while True:
-                    path = path.with_name(
-                        bundle_file_name(f"{trace_id:032x}", named, compressed=self.compress)
-                    )
-                    if path not in claimed:
-                        break
-                    n += 1
-                    named = f"{tag}-{n}"
-            claimed.add(path)
-            while len(self._claimed) > _REMEMBERED_TRACES:  # (bounded: the oldest traces' names
-                del self._claimed[next(iter(self._claimed))]  # are forgotten)
-            return path
+        calls outside runs ``<trace_id>-outside-runs[-N].sftrace``. Any thread; no lock (one
+        ``setdefault`` per name tried). A file already on disk under the name is never replaced
+        (the bundle is created exclusively, and takes the next name)."""
+        names = self._names
+        mine = object()
+        tag = "outside-runs" if span_id is None else f"{span_id:016x}"
+        n, candidate = 1, path
+        while names.setdefault(candidate, mine) is not mine:
+            named = tag if n == 1 else f"{tag}-{n}"
+            candidate = path.with_name(
+                bundle_file_name(f"{trace_id:032x}", named, compressed=self.compress)
+            )
+            n += 1
+        if len(names) > 4 * _REMEMBERED_TRACES:  # (bounded: the oldest names are forgotten)
+            with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                del names[next(iter(names))]
+        return candidate
 
     def set_destination(
         self,
@@ -318,13 +351,13 @@ class SftraceSpanProcessor(SpanProcessor):
         if self._shutdown or not isinstance(span, ReadableSpan):
             return None
         text = None if destination is None else os.fspath(destination)
-        if text is not None and not (Path(text).is_dir() or text.endswith((os.sep, "/"))):
-            path = Path(text)
-        else:
-            directory = None if text is None else Path(text)
-            path = self._claim(
-                self.writer.default_path(f"{trace_id:032x}", directory), trace_id, span_id
-            )
+        named = text is not None and not (Path(text).is_dir() or text.endswith((os.sep, "/")))
+        directory = None if text is None or named else Path(text)
+        path = (
+            Path(text)
+            if named and text is not None
+            else self._default(trace_id, span_id, directory)
+        )
         with handle_internal_errors(f"writing the bundle {path}"):
             try:
                 if path.parent not in self._recovered:
@@ -337,21 +370,40 @@ class SftraceSpanProcessor(SpanProcessor):
                     created_by=created if isinstance(created, str) and created else None,
                     run=run_info(record, None),
                 )
-                appender = self._appender(
-                    path, BundleEncoder(start), flush_interval, fsync_interval
-                )
+                for _ in range(_NAME_TRIES):  # (a default name is never put over another file)
+                    try:
+                        appender = self._appender(
+                            path,
+                            BundleEncoder(start),
+                            flush_interval,
+                            fsync_interval,
+                            exclusive=not named,
+                        )
+                        break
+                    except FileExistsError:
+                        if named:
+                            raise
+                        path = self._default(trace_id, span_id, directory)
+                else:
+                    raise FileExistsError(f"no free name for a bundle of trace {trace_id:032x}")
             except Exception:
                 self.stats.write_errors += 1
                 raise
             if flush_interval == 0:
                 with self._lock:
                     followed = self._followed.get(trace_id)
-                    if followed is not None:
+                    if followed is not None and span_id not in self._at_once:
+                        self._at_once.add(span_id)
                         followed.at_once += 1
             self.bundles.open_run(span, appender)
             _watch_for_exit(self)
             return path
         return None
+
+    def _default(self, trace_id: int, span_id: int | None, directory: Path | None) -> Path:
+        return self._claim(
+            self.writer.default_path(f"{trace_id:032x}", directory), trace_id, span_id
+        )
 
     def _appender(
         self,
@@ -359,9 +411,12 @@ class SftraceSpanProcessor(SpanProcessor):
         encoder: BundleEncoder,
         flush_interval: float | None = None,
         fsync_interval: float | None = None,
+        *,
+        exclusive: bool = False,
     ) -> BundleAppender:
         """The file of a bundle, its header written (``*_interval``: a run's own, None: the
-        processor's; ``math.inf``: never)."""
+        processor's; ``math.inf``: never; ``exclusive``: a default name, never over another
+        file)."""
         flush = self.flush_interval if flush_interval is None else flush_interval
         fsync = self.fsync_interval if fsync_interval is None else fsync_interval
         return BundleAppender(
@@ -369,6 +424,7 @@ class SftraceSpanProcessor(SpanProcessor):
             encoder,
             flush_interval=flush if self.background_flush and not math.isinf(flush or 0) else None,
             fsync_interval=None if fsync is None or math.isinf(fsync) else fsync,
+            exclusive=exclusive,
         )
 
     # -- flush / shutdown / exit -----------------------------------------------------------------
@@ -379,7 +435,7 @@ class SftraceSpanProcessor(SpanProcessor):
         not within the timeout."""
         with handle_internal_errors("flushing the bundles"):
             return self.bundles.wait(max(0.0, timeout_millis / 1000))
-        return True
+        return False  # (stepfork failed: logged)
 
     def shutdown(self) -> None:
         if self._shutdown:
@@ -397,15 +453,33 @@ class SftraceSpanProcessor(SpanProcessor):
         Waits for the writer thread at most ``timeout`` seconds: what the bundles already hold
         stays on disk whatever happens."""
         with handle_internal_errors("finalising runs at exit"):
-            if not self._shutdown and _WRITER.thread is not None:
+            if not self._shutdown and self.bundles.busy():
                 self.bundles.wait(timeout, close="the process exited before the run ended")
 
 
 # -- exit handling ---------------------------------------------------------------------------------
 
 _LIVE: weakref.WeakSet[SftraceSpanProcessor] = weakref.WeakSet()
+"""Processors with bundles to close at exit."""
+_ALL: weakref.WeakSet[SftraceSpanProcessor] = weakref.WeakSet()
+"""Every processor (for a forked child)."""
 _exit_lock = threading.Lock()
 _exit_watched = False
+
+
+def _after_fork_in_child() -> None:
+    """A forked child records nothing of its parent's runs (their bundles are the parent's,
+    left alone by the writer), and its locks start free (another thread of the parent may have
+    held one at the fork)."""
+    for processor in list(_ALL):
+        processor._lock = threading.RLock()
+        processor._followed.clear()
+        processor._at_once.clear()
+        processor._with_calls.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _finalise_all() -> None:

@@ -115,7 +115,8 @@ def configure(
     """Attach stepfork to OpenTelemetry and set recording options; returns the bundle processor.
 
     ``directory``: where every trace holding boundary spans is written as ``<trace_id>.sftrace``
-    when its local root span ends (``record(path)`` runs go to their own path). Calling
+    -- as its calls end, complete when its local root span ends (``record(path)`` runs go to
+    their own path). Calling
     ``configure`` again replaces the options and, if ``directory`` or ``tracer_provider`` is given,
     the processor. ``max_open_traces`` (default 1000) and ``max_spans_per_trace`` (default
     10,000; for a run, spans open at once: its bundle is written as it goes) are safety valves on

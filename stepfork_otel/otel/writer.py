@@ -15,6 +15,7 @@ half-written temporary files that dead processes left in a directory.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import queue
@@ -100,9 +101,12 @@ class BundleAppender:
         *,
         flush_interval: float | None = DEFAULT_FLUSH_INTERVAL,
         fsync_interval: float | None = DEFAULT_FSYNC_INTERVAL,
+        exclusive: bool = False,
     ) -> None:
         """Create the file with the header (on the calling thread: a failure to create it is the
-        caller's to handle)."""
+        caller's to handle). ``exclusive``: never over a file already at ``path``
+        (``FileExistsError``: a default name, which another bundle -- another process's, an
+        older run's -- may hold); else the file there is replaced, in one step."""
         self.path = path
         self.flush_interval = flush_interval
         self.fsync_interval = fsync_interval
@@ -117,10 +121,10 @@ class BundleAppender:
         self._reason_at = -1 if self._packer is not None else head.find(_NO_TRAILER)
         """Where the header's reason is (-1: not to be rewritten: compressed)."""
         self._fd: int | None = _create_with_header(
-            path, head, self._packer, sync=fsync_interval is not None
+            path, head, self._packer, sync=fsync_interval is not None, exclusive=exclusive
         )
         _WRITER.appenders.add(self)
-        _WRITER.wake()  # (started with the first bundle; its periodic rounds may change)
+        _WRITER.arm()  # (started with the first bundle; its periodic rounds may change)
 
     # -- the writer thread -----------------------------------------------------------------------
 
@@ -175,6 +179,18 @@ class BundleAppender:
             self._fail()
             return False
         return True
+
+    def abandon(self) -> None:
+        """Close the file without a trailer (what was added is written first, if it can be):
+        it loads as a bundle cut short."""
+        with contextlib.suppress(Exception):
+            self.write_pending(force=True)
+        fd, self._fd = self._fd, None
+        self._pending.clear()
+        _WRITER.appenders.discard(self)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def leave_to_parent(self) -> None:
         """In a forked child: write nothing more to this bundle (the parent's; the child's copy
@@ -246,7 +262,7 @@ class BundleAppender:
 
 
 def _create_with_header(
-    path: Path, head: bytes, packer: zlib._Compress | None, *, sync: bool
+    path: Path, head: bytes, packer: zlib._Compress | None, *, sync: bool, exclusive: bool = False
 ) -> int:
     """The bundle's file, holding ``head``, open for appending: the header is written to a
     temporary file in the same directory (named as :func:`recover_directory` knows: the pid
@@ -271,13 +287,32 @@ def _create_with_header(
             view = view[os.write(fd, view) :]
         if sync:
             os.fsync(fd)
-        os.replace(tmp, path)
+        if exclusive:
+            _link_new(tmp, path)
+        else:
+            os.replace(tmp, path)
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     return fd
+
+
+def _link_new(tmp: Path, path: Path) -> None:
+    """``tmp`` renamed to ``path`` only if nothing is there (``FileExistsError`` otherwise): a
+    hard link, which fails on an existing name, then the temporary name removed. A file system
+    without hard links gets a rename after a look (not atomic against another process)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError:
+        if path.exists():
+            raise FileExistsError(errno.EEXIST, "a bundle is already there", str(path)) from None
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
 
 
 class Wait:
@@ -324,9 +359,12 @@ class _Writer:
     it holds nothing a process exit would lose beyond the interval -- exit handlers close the
     bundles through it, and wait for it.
 
-    No recording thread takes a lock the writer needs: work is queued on each feed's deque, and
-    the writer woken through a ``SimpleQueue`` (its ``put`` is reentrant: a signal handler may
-    wake the writer while the thread it interrupted is waking it). In a forked child the writer
+    No recording thread takes a lock the writer needs: work is queued on each feed's deque, the
+    writer woken through a ``SimpleQueue`` (its ``put`` is reentrant: a signal handler may wake
+    the writer while the thread it interrupted is waking it), names are taken with one atomic
+    ``setdefault`` each, and the hand-off is read without its lock -- so an exit handler that
+    interrupted a recording thread can wait for the writer. (The one exception is logging: a
+    warning the writer logs takes the logging handlers' locks.) In a forked child the writer
     starts afresh, and the bundles the child inherited are left to the parent: the child writes
     none of them."""
 
@@ -341,15 +379,22 @@ class _Writer:
         #: Only for starting the thread; reentrant: a signal handler may start it while the code
         #: it interrupted is starting it.
         self._start_lock = threading.RLock()
-        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._wake: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
     def add(self, feed: Feed) -> None:
         self.feeds.add(feed)
 
     def wake(self) -> None:
+        """A round now (a thread waits, or a queue is long)."""
         self._start()
         self._wake.put(None)
+
+    def arm(self) -> None:
+        """A queue that was empty has work: the writer's periodic rounds (re)start, no round now
+        (a round per call would hand each call to the writer and back)."""
+        self._start()
+        self._wake.put(_ARM)
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -387,20 +432,29 @@ class _Writer:
                 next_tick = soonest if next_tick is None else min(next_tick, soonest)
             else:
                 next_tick = None
+            now_due = False
             with contextlib.suppress(queue.Empty):
-                self._wake.get(timeout=None if next_tick is None else max(0.0, next_tick - now))
+                woken = self._wake.get(
+                    timeout=None if next_tick is None else max(0.0, next_tick - now)
+                )
+                now_due = woken is not _ARM
             with contextlib.suppress(queue.Empty):  # (before the round: a wake during it is
                 while True:  # the next round's)
-                    self._wake.get_nowait()
+                    now_due = self._wake.get_nowait() is not _ARM or now_due
             tick = next_tick is not None and time.monotonic() >= next_tick
             if tick:
                 next_tick = None
+            elif not now_due:
+                continue  # (armed only: its tick is counted from now, above)
             for feed in list(self.feeds):
                 try:
                     feed.round(tick)
                 except Exception:  # (never the end of the thread)
                     log_internal_error("writing bundles")
 
+
+_ARM = object()
+"""What :meth:`_Writer.arm` sends the writer thread."""
 
 _WRITER = _Writer()
 if hasattr(os, "register_at_fork"):

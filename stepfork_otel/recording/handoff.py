@@ -24,6 +24,7 @@ One object with one owner, and every access to what it keeps under its lock:
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping
 
@@ -40,9 +41,9 @@ class PayloadHandoff:
     __slots__ = ("_kept", "_listeners", "_lock")
 
     def __init__(self) -> None:
-        # re-entrant: the SIGTERM handler (the bundle processor's ``finalise``) reads open spans'
-        # payloads in whichever thread the signal lands, possibly one inside keep() or release()
-        # holding this lock; with a plain lock that process would hang instead of exiting
+        # re-entrant: a signal handler in the thread that holds it (inside keep() or release())
+        # may end a span whose processor reads here; the bundle writer, which may be waited on
+        # by such a handler, reads without it (``peek``)
         self._lock = threading.RLock()
         self._kept: dict[int, dict[str, Payload]] = {}
         self._listeners = 0
@@ -110,3 +111,5 @@ class PayloadHandoff:
 
 HANDOFF = PayloadHandoff()
 """The process's hand-off, shared by every boundary and every bundle processor."""
+if hasattr(os, "register_at_fork"):  # (another thread may have held its lock at the fork)
+    os.register_at_fork(after_in_child=HANDOFF._lock._at_fork_reinit)  # type: ignore[attr-defined]

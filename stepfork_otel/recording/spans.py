@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -62,7 +63,10 @@ def call_start_time() -> int:
 
 
 CALL_START_LOCK = _seq_lock
-"""Held while a boundary takes its call's number (:func:`next_call_number`) and starts its span."""
+"""Held while a boundary takes its call's number (:func:`next_call_number`) and starts its span
+(started afresh in a forked child: another thread may have held it at the fork)."""
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_seq_lock._at_fork_reinit)  # type: ignore[attr-defined]
 
 
 def next_call_number(trace_id: int | None) -> tuple[int, int]:

@@ -39,6 +39,7 @@ from stepfork_otel import constants as k
 from stepfork_otel.trace import grouping
 from stepfork_otel.trace.conversion import (
     SpanRecord,
+    call_order,
     captured_reads,
     context_span,
     order_events,
@@ -102,16 +103,15 @@ class BundleBuilder:
     _replay_mode: tuple[int, str] | None = field(init=False, default=None)
     lost: int = field(init=False, default=0)
     """Calls whose events could not be made (the caller counts them; the bundle says so)."""
+    late: int = field(init=False, default=0)
+    """Calls of the trace made after the call they were made in had ended (in no bundle: this
+    one may lack them; the caller counts them)."""
     _unreplayable: list[str] = field(init=False, default_factory=list)
     """``"<call id> (<why>)"`` of each call whose span says it cannot be replayed."""
 
     def __post_init__(self) -> None:
         self._scope = dict.fromkeys(self.open_spans)
         self.open_spans = ()
-
-    @property
-    def calls_started(self) -> int:
-        return self._next - 1
 
     def started(
         self, span_id: str, parent: str | None, kind: str | None, handle: Any = None
@@ -217,6 +217,11 @@ class BundleBuilder:
             reason = f"{dropped} span(s) of this trace were dropped (per-trace cap)"
         if reason is None and self.lost:
             reason = f"{self.lost} call(s) could not be written (internal error, logged)"
+        if reason is None and self.late:
+            reason = (
+                f"{self.late} call(s) started after the call they were made in had ended "
+                "and are not in it"
+            )
         if reason is None and unreadable:
             reason = unreadable_reads_reason(unreadable)
         if reason is None and self._unreplayable:
@@ -255,12 +260,6 @@ def unreplayable_reason(calls: list[str]) -> str:
 # --- a whole trace at once (the importer) --------------------------------------------------------
 
 
-def _start_order(span: SpanRecord) -> tuple[int, int, str]:
-    seq = span.attributes.get(k.CALL_SEQ)
-    seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
-    return (span.start_time_unix_nano, seq, span.span_id)
-
-
 def feed_order(spans: Iterable[SpanRecord]) -> Iterator[tuple[SpanRecord, str | None]]:
     """Spans in the order they started (start time, call number, span id), each after its
     parent, with the parent to feed it under: None when the parent is not among ``spans``, or
@@ -281,7 +280,7 @@ def feed_order(spans: Iterable[SpanRecord]) -> Iterator[tuple[SpanRecord, str | 
             children = waiting.pop(current.span_id, [])
             stack.extend((child, current.span_id) for child in reversed(children))
 
-    for span in sorted(by_id.values(), key=_start_order):
+    for span in sorted(by_id.values(), key=call_order):
         parent = span.parent_span_id
         if parent is not None and parent in by_id:  # (itself: a cycle, held to the end)
             if parent not in placed:
@@ -290,9 +289,31 @@ def feed_order(spans: Iterable[SpanRecord]) -> Iterator[tuple[SpanRecord, str | 
         else:
             parent = None
         yield from place(span, parent)
-    for held in sorted((s for group in waiting.values() for s in group), key=_start_order):
+    for held in sorted((s for group in waiting.values() for s in group), key=call_order):
         if held.span_id not in placed:  # its ancestors form a cycle: treat it as top level
             yield from place(held, None)
+
+
+def _timeline_of(
+    spans: Iterable[SpanRecord],
+) -> list[tuple[bool, SpanRecord, str | None]]:
+    """Every start (``False``, with the parent to feed it under) and end (``True``) of
+    ``spans``, in the order the processor meets them: by time; at one time (a coarse clock),
+    starts before ends and the span started later ends first. A span never starts before its
+    parent, nor ends before it starts (the nesting wins over the clocks of different
+    machines)."""
+    stream: list[tuple[int, bool, int, SpanRecord, str | None]] = []
+    start_of: dict[str, int] = {}
+    for n, (span, parent) in enumerate(feed_order(spans)):
+        start = span.start_time_unix_nano
+        if parent is not None:
+            start = max(start, start_of.get(parent, start))
+        start_of[span.span_id] = start
+        stream.append((start, False, n, span, parent))
+        if span.end_time_unix_nano is not None:  # (at one time, the later started ends first)
+            stream.append((max(span.end_time_unix_nano, start), True, -n, span, None))
+    stream.sort(key=lambda item: item[:3])
+    return [(is_end, span, parent) for _, is_end, _, span, parent in stream]
 
 
 def spans_to_trace(
@@ -303,10 +324,12 @@ def spans_to_trace(
     incomplete_reason: str | None = None,
     dropped_spans: int = 0,
     root_span_id: str | None = None,
+    until_root_ends: bool = True,
 ) -> Trace:
     """The bundle of one run from its spans (any order; all of one trace id), built by feeding
-    a :class:`BundleBuilder` as the processor does: every span's start in :func:`feed_order`,
-    then every end.
+    a :class:`BundleBuilder` the spans' starts and ends in the order the processor meets them
+    (:func:`feed_order`, by time), until the root ends: what ends later is written as still
+    open, and a call that starts after the call it was made in ended is in no bundle (said).
 
     ``redactor``: the rules applied to what the conversion itself takes from the spans -- the
     names of the application's spans kept as context (boundary payloads were redacted when they
@@ -316,6 +339,9 @@ def spans_to_trace(
     ``root_span_id``: the span whose subtree is the bundle (a run span, or a local root). Without
     it, a trace with one top-level run span is cut to that run; with several, ``ValueError``;
     with none, the bundle holds the calls of every top-level span (calls outside runs).
+
+    ``until_root_ends``: False for spans no stepfork processor wrote (another instrumentation's,
+    whose root may end before work it started): every end the spans hold is taken.
     """
     by_id = {s.span_id: s for s in spans}
     if not by_id:
@@ -344,21 +370,25 @@ def spans_to_trace(
     builder = BundleBuilder(
         trace_ids.pop(), root_span_id, redactor, outside=kind is None and not lone_call
     )
-    for span, parent in feed_order(by_id.values()):
-        builder.started(span.span_id, parent, span.stepfork_kind, span)
     events: list[Event] = []
-    ended = sorted(
-        (
-            s
-            for s in by_id.values()
-            if s.end_time_unix_nano is not None and (s is not root or lone_call)
-        ),
-        key=lambda s: (s.end_time_unix_nano or 0, s.span_id),
-    )
-    for span in ended:
+    ended_calls: set[str] = set()
+    for is_end, span, parent in _timeline_of(by_id.values()):
+        if not is_end:
+            taken = builder.started(span.span_id, parent, span.stepfork_kind, span)
+            if not taken and span.stepfork_kind in k.BOUNDARY_KINDS and parent in ended_calls:
+                builder.late += 1  # (made after the call it was made in ended: in no bundle)
+            continue
+        if span is root and not lone_call:
+            if until_root_ends:
+                break  # the bundle closes with its root: what ends later is still open then
+            continue
         done = builder.ended(span)
         if done is not None:
             events += done.events
+        if span.stepfork_kind in k.BOUNDARY_KINDS:
+            ended_calls.add(span.span_id)
+        if span is root:
+            break
     reason = None if complete else incomplete_reason
     rest, final = builder.finish(
         None if lone_call else root, builder.open_calls(), reason=reason, dropped=dropped_spans

@@ -87,7 +87,7 @@ def top_level_runs(spans: Iterable[SpanRecord]) -> list[SpanRecord]:
     by_id = {s.span_id: s for s in spans}
     parents = {i: s.parent_span_id for i, s in by_id.items()}
     kinds = {i: s.stepfork_kind for i, s in by_id.items()}
-    return sorted((by_id[i] for i in grouping.top_level_runs(parents, kinds)), key=_call_order)
+    return sorted((by_id[i] for i in grouping.top_level_runs(parents, kinds)), key=call_order)
 
 
 def parents_and_kinds(
@@ -154,7 +154,8 @@ def _imported(attrs: Mapping[str, Any]) -> dict[str, Any]:
     return {"fidelity": fidelity, "unchecked": notes or None}
 
 
-def _call_order(span: SpanRecord) -> tuple[int, int, str]:
+def call_order(span: SpanRecord) -> tuple[int, int, str]:
+    """The order spans started in: start time, the call number on the span, span id."""
     return (span.start_time_unix_nano, _int(span.attributes, k.CALL_SEQ), span.span_id)
 
 
@@ -253,7 +254,8 @@ def _call_event(
     return event, base, name
 
 
-def _run_info(run: SpanRecord | None, replay_mode: str | None) -> RunInfo:
+def run_info(run: SpanRecord | None, replay_mode: str | None) -> RunInfo:
+    """The run's part of a bundle, from its span (None: a bundle of calls outside runs)."""
     if run is None:
         return RunInfo(replay_mode=replay_mode)
     attrs = run.attributes
@@ -291,7 +293,7 @@ def captured_reads(
     """The captured reads carried by ``spans`` (``stepfork.captured`` on the span of the call
     each preceded, or on a run span; an audit's tally on the run span), in their recorded order,
     and how many could not be read (an attribute cut by a length limit, a hostile file). Used by
-    the whole conversion and, for a run written as it goes, by the processor at the run's end."""
+    the bundle builder, for each call as it ends and for the whole bundle when it closes."""
     reads: list[CapturedRead] = []
     unreadable = 0
     audit: list[Any] = []
@@ -346,9 +348,9 @@ def timeline(
     outcomes: Mapping[str, Event],
 ) -> list[Event]:
     """Merge calls (in ``ordered`` order, keyed by any id) with their outcomes (see the module
-    docstring). ``ends``: when each call ended (0: never). The conversion keys by span id; the
-    loader of a bundle written as its run went (events in the order calls ended) keys by call
-    id, with the times its events carry -- one rule, so both give the same order."""
+    docstring). ``ends``: when each call ended (0: never). :func:`order_events` (the loader of a
+    bundle written as its run went, events in the order calls ended, and the importer's
+    ``spans_to_trace``) keys by call id, with the times its events carry."""
     n_of = {c: n for n, c in enumerate(ordered, start=1)}
     # effective end: a call is over once it and everything nested in it are over
     eff_end = {c: max(starts[c], ends[c]) for c in ordered}
@@ -422,8 +424,8 @@ def span_events(
     span: SpanRecord, call_id: str, n: int, parent_call_id: str | None
 ) -> tuple[Event, Event | None]:
     """The per-span step of the conversion: the call event of one boundary span (numbered ``n``,
-    nested in ``parent_call_id``) and its outcome (None: the span recorded none). Both the whole
-    conversion below and the processor, which writes each call as it ends, use it."""
+    nested in ``parent_call_id``) and its outcome (None: the span recorded none). The bundle
+    builder makes each call's events with it when the call ends."""
     call, base, name = _call_event(span, call_id, n, parent_call_id)
     return call, _outcome(span, call_id, base, name)
 
@@ -440,11 +442,6 @@ def context_span(span: SpanRecord, redactor: Redactor) -> ContextSpan:
         end_time_unix_nano=span.end_time_unix_nano or 0,
         status=span.status if span.status in ("unset", "ok", "error") else "unset",  # type: ignore[arg-type]
     )
-
-
-def run_info(run: SpanRecord | None, replay_mode: str | None) -> RunInfo:
-    """The run's part of a bundle, from its span (None: a bundle of calls outside runs)."""
-    return _run_info(run, replay_mode)
 
 
 def replay_mode_of(span: SpanRecord) -> str | None:

@@ -9,8 +9,8 @@ span: its parent and its ``stepfork.kind``. Span ids are whatever the caller use
 * a **run** (a span of kind ``run``, opened by ``record(...)``) not nested in another run makes
   a bundle of its subtree (:func:`top_level_runs`; a nested run's spans also belong to the outer
   run's bundle, :func:`enclosing_run` tells the two apart);
-* the **boundary calls outside every run** make one bundle with the spans around them as context,
-  if there are any (:func:`calls_outside_runs`).
+* the **boundary calls outside every run** make bundles with the spans around them as context,
+  one per local root holding such calls (:func:`calls_outside_runs` finds them all).
 """
 
 from __future__ import annotations

@@ -84,6 +84,7 @@ from stepfork_otel.trace import foreign, grouping
 from stepfork_otel.trace.builder import spans_to_trace
 from stepfork_otel.trace.conversion import (
     SpanRecord,
+    call_order,
     is_stepfork_span,
     parents_and_kinds,
     top_level_runs,
@@ -908,6 +909,7 @@ class _Assembler:
         report = self.report
         records = list(spans.values())
         where = f"trace {trace_id}"
+        adopted_run = False
         if not any(is_stepfork_span(s) for s in records):
             adopted = foreign.adopt(records, self.redactor)  # another instrumentation's spans
             if adopted is None:
@@ -915,6 +917,7 @@ class _Assembler:
                 report.ignored_spans += len(records)
                 return []
             records = adopted.records
+            adopted_run = True  # (no processor wrote them: every call the spans hold is kept)
             for note in adopted.notes:
                 self._problem(where, note)
         if dropped:
@@ -941,9 +944,11 @@ class _Assembler:
                 f"(first: {calls[0].name!r})",
             )
         traces: list[Trace] = []
-        # one bundle per top-level run, as the processor writes them; a trace holding no run is
-        # the bundle of its calls outside runs (what a processor with a directory writes)
-        roots: list[SpanRecord | None] = list(runs) if runs else [None]
+        # one bundle per top-level run, as the processor writes them; a trace holding no run
+        # makes one bundle of calls outside runs per top-level span holding calls (what a
+        # processor with a directory writes for each local root, or call outside any span)
+        roots: list[SpanRecord | None] = list(runs) or list(_tops_with_calls(records, local))
+        roots = roots or [None]
         for root in roots:
             orphan = next((s for s in orphans if _within(s, root)), None)
             why = reason  # (a lost line is the likelier cause of a missing span: said first)
@@ -959,6 +964,7 @@ class _Assembler:
                     complete=why is None,
                     incomplete_reason=why,
                     root_span_id=None if root is None else root.span_id,
+                    until_root_ends=not adopted_run,
                 )
             except Exception as exc:  # one trace that cannot be converted must not stop the rest
                 self._problem(where, f"not imported: {type(exc).__name__}: {exc}")
@@ -980,6 +986,30 @@ class _Assembler:
             if record.where not in self.lost_by_all:
                 self.lost_by_all.append(record.where)
         self._problem(record.where, message, lost=dict.fromkeys(ids))
+
+
+def _tops_with_calls(records: list[SpanRecord], local: set[str]) -> list[SpanRecord]:
+    """The local roots of a trace with no run (spans with no parent, or whose parent is in
+    another process) that have boundary calls at or under them, in the order they started:
+    one bundle each, as the processor writes them. Empty when some call hangs under none of
+    them (its parent, in the same process, never arrived: the trace is then one bundle, said
+    incomplete). ``local``: the spans whose OTLP flags say their parent is in their process."""
+    ids = {s.span_id for s in records}
+    parents, kinds = parents_and_kinds(records)
+    tops = [
+        s
+        for s in records
+        if s.parent_span_id is None or (s.parent_span_id not in ids and s.span_id not in local)
+    ]
+    found: list[SpanRecord] = []
+    covered: set[str] = set()
+    for top in sorted(tops, key=call_order):
+        under = grouping.subtree(parents, top.span_id)
+        if any(kinds.get(i) in k.BOUNDARY_KINDS for i in under):
+            found.append(top)
+            covered |= under
+    calls = {i for i, kind in kinds.items() if kind in k.BOUNDARY_KINDS}
+    return found if calls <= covered else []
 
 
 def _read_sources(sources: list[_Source], report: ImportReport) -> Iterator[_Record]:
