@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import inspect
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -318,7 +319,10 @@ def anthropic_raw(url: str) -> list[Any]:
         raw = await client.messages.with_raw_response.create(
             model="claude-haiku-4-5", max_tokens=50, messages=messages("async raw")
         )
-        out.append(raw_seen(raw, await raw.parse()))
+        # anthropic 0.x hands the async client a legacy raw response whose parse() is not a
+        # coroutine; later releases made it one.
+        parsed = raw.parse()
+        out.append(raw_seen(raw, await parsed if inspect.isawaitable(parsed) else parsed))
         async with client.messages.with_streaming_response.create(
             model="claude-haiku-4-5", max_tokens=50, messages=messages("async one")
         ) as raw:
