@@ -563,10 +563,10 @@ def _remote_parent(trace_id: int) -> Any:
     return trace_api.set_span_in_context(NonRecordingSpan(remote))
 
 
-def test_two_local_roots_of_one_trace_get_a_bundle_each(recording: Recording) -> None:
+def _two_requests(recording: Recording, trace_id: int) -> tuple[trace_api.Span, trace_api.Span]:
     """Two requests of one distributed trace handled here at once (both children of the same
-    remote span): the first is written as it goes, the second buffered, each to its own file."""
-    parent = _remote_parent(0xABC)
+    remote span), each having made one call: ``1a`` and ``2a``."""
+    parent = _remote_parent(trace_id)
     tracer = recording.provider.get_tracer("app")
     first = tracer.start_span("first request", context=parent)
     second = tracer.start_span("second request", context=parent)
@@ -574,6 +574,13 @@ def test_two_local_roots_of_one_trace_get_a_bundle_each(recording: Recording) ->
         lookup("1a")
     with trace_api.use_span(second):
         lookup("2a")
+    return first, second
+
+
+def test_two_local_roots_of_one_trace_get_a_bundle_each(recording: Recording) -> None:
+    """Two requests of one distributed trace handled here at once: each is written to its own
+    file, with its own calls and context."""
+    first, second = _two_requests(recording, 0xABC)
     with trace_api.use_span(first):
         lookup("1b")
     second.end()
@@ -703,14 +710,7 @@ def test_a_call_made_after_the_call_it_was_made_in_ended_is_said(
 def test_a_second_local_root_of_a_trace_is_written_as_it_goes_too(recording: Recording) -> None:
     """Two requests of one distributed trace open at once here: each bundle holds its calls as
     they end, the second's as much as the first's (it used to be buffered until its root ended)."""
-    parent = _remote_parent(0xABE)
-    tracer = recording.provider.get_tracer("app")
-    first = tracer.start_span("first request", context=parent)
-    second = tracer.start_span("second request", context=parent)
-    with trace_api.use_span(first):
-        lookup("1a")
-    with trace_api.use_span(second):
-        lookup("2a")
+    first, second = _two_requests(recording, 0xABE)
     assert recording.provider.force_flush()
     trace_id = f"{0xABE:032x}"
     during = {p.name: [c.input for c in Trace.load(p).calls] for p in recording.directory.iterdir()}
