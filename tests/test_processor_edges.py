@@ -357,3 +357,57 @@ def test_a_child_forked_while_another_thread_starts_a_call_can_make_calls(tmp_pa
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "0"
+
+
+CHILD_FORKED_WHILE_THE_WRITER_IS_DUE = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    from opentelemetry import trace
+    import stepfork_otel
+    from stepfork_otel import Trace, trace_tool
+
+    stepfork_otel.configure(directory=sys.argv[1])
+
+    @trace_tool
+    def step(i: int) -> int:
+        return i
+
+    request = trace.get_tracer("app").start_span("request")  # (open at the fork)
+    with trace.use_span(request):
+        step(1)  # queued: the writer's next round is due, and the fork comes before it
+    pid = os.fork()
+    if pid == 0:
+        with trace.use_span(trace.get_tracer("app").start_span("child's request")):
+            step(2)  # the child's own call, its request open: its writer must start for it
+        time.sleep(2.5)  # (more than the 1 s background flush; nothing waits, nothing flushes)
+        calls = [c.input for f in Path(sys.argv[1]).iterdir() for c in Trace.load(f).calls]
+        os._exit(0 if '{"i":2}' in calls else 3)
+    _, status = os.waitpid(pid, 0)
+    request.end()
+    print(status)
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_child_forked_while_the_writer_is_due_writes_its_calls_in_the_background(
+    tmp_path: Path,
+) -> None:
+    """The parent's queue had work (its writer armed) at the fork: the child's writer thread is
+    not running, and its first call must start it, or nothing is written until something
+    waits."""
+    import subprocess
+
+    script = tmp_path / "child.py"
+    script.write_text(CHILD_FORKED_WHILE_THE_WRITER_IS_DUE)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "bundles")],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"

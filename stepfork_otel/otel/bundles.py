@@ -51,7 +51,6 @@ from stepfork_otel.trace.redaction import Redactor
 
 logger = logging.getLogger("stepfork_otel")
 
-_EMPTY: Mapping[str, Payload] = {}
 #: Ended calls remembered per trace, to tell a call made after the call it was made in ended.
 _RECENT_CALLS = 1024
 #: Spans queued at which the writer is woken to take them at once, not at its next round.
@@ -128,8 +127,7 @@ class ProcessorStats:
 @dataclass(slots=True, eq=False)
 class _Bundle:
     builder: BundleBuilder
-    appender: BundleAppender | None
-    """None: a run whose trace was refused (its file holds the run only, closed with a reason)."""
+    appender: BundleAppender
     root: ReadableSpan | None = None
     """The root span as it started (read if the bundle closes before it ends)."""
 
@@ -279,6 +277,8 @@ class Bundles:
                     item.set()
 
     def leave_to_parent(self) -> None:
+        self._armed = False  # (the child's writer thread is not running: its first put arms it)
+        self.queued = 0
         self._queue.clear()
         self._traces.clear()
         self._refused_runs.clear()
@@ -493,15 +493,17 @@ class Bundles:
         trace_id = format(ctx.trace_id, "032x")
         span_id = _hex(ctx.span_id)
         state = self._traces.get(trace_id)
-        if state is None:
-            if trace_id in self._refused:
+        # (a refused run's bundle closes whatever became of its trace since: forgotten among
+        # the refused ones, a later span may have made it a state of its own)
+        refused = self._refused_runs.pop(span_id, None)
+        if state is None or refused is not None:
+            if state is None and trace_id in self._refused:
                 self._refused[trace_id] += 1
                 self.stats.dropped_spans += 1
-            refused = self._refused_runs.pop(span_id, None)
             if refused is not None:  # (looked up whatever became of the trace's count)
                 dropped = self._refused.get(trace_id, 0)
                 self._close_refused(refused[1], span, payloads, max(dropped, 1))
-            if _local_parent(span) is None and not any(
+            if state is None and _local_parent(span) is None and not any(
                 t == trace_id for t, _ in self._refused_runs.values()
             ):
                 self._refused.pop(trace_id, None)
@@ -554,10 +556,9 @@ class Bundles:
         except Exception:
             builder.lost += 1
             self.stats.write_errors += 1
-            where = "" if bundle.appender is None else f" for the bundle {bundle.appender.path}"
-            log_internal_error(f"converting call {n}{where}")
+            log_internal_error(f"converting call {n} for the bundle {bundle.appender.path}")
             return
-        if done is not None and bundle.appender is not None and (done.events or done.captured):
+        if done is not None and (done.events or done.captured):
             encoder = bundle.appender.encoder
             bundle.appender.add(done.events, encoder.captured(done.captured))
 
@@ -581,12 +582,9 @@ class Bundles:
             rest, final = bundle.builder.finish(root, still_open, reason=reason, dropped=dropped)
         except Exception:  # the file keeps what it holds, without a trailer (it loads so)
             self.stats.write_errors += 1
-            log_internal_error(f"closing the bundle {'' if appender is None else appender.path}")
-            if appender is not None:
-                appender.abandon()
-                self._appenders.discard(appender)
-            return
-        if appender is None:
+            log_internal_error(f"closing the bundle {appender.path}")
+            appender.abandon()
+            self._appenders.discard(appender)
             return
         if appender.finish(rest, final):
             self.stats.bundles_written += 1
