@@ -57,7 +57,7 @@ from benchmarks._common import (
 )
 from stepfork_otel import ReplaySession, llm_request, record, trace_tool
 from stepfork_otel import constants as k
-from stepfork_otel.otel.writer import _WRITER
+from stepfork_otel.otel.writer import WRITER
 from stepfork_otel.recording.arguments import simple_binder
 from stepfork_otel.recording.contract import BoundaryCall
 from stepfork_otel.recording.spans import CALL_START_LOCK, call_start_time, next_call_number
@@ -554,7 +554,7 @@ class _Budget:
 
 def _writer_clock() -> int:
     """The CPU-time clock of the bundle writer's thread (started with the first bundle)."""
-    thread = _WRITER.thread
+    thread = WRITER.thread
     if thread is None or thread.ident is None:
         raise RuntimeError("the bundle writer's thread has not started")
     return time.pthread_getcpuclockid(thread.ident)

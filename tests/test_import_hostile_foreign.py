@@ -11,6 +11,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from stepfork_otel.trace import foreign
 from stepfork_otel.trace.builder import spans_to_trace
 from stepfork_otel.trace.canonical import canonical_json
@@ -238,3 +240,31 @@ def test_a_messages_only_call_whose_input_is_not_a_form_makes_the_bundle_invalid
     )
     (problem,) = validate_structure(broken)
     assert problem.message == "fidelity messages-only but the input is not a request form"
+
+
+@pytest.mark.parametrize("text", ["NaN", "{", "1e400"])
+def test_a_messages_only_call_whose_input_is_not_json_is_refused_before_replay(text: str) -> None:
+    """Its input is parsed to compare a live call in its terms (not matched by fingerprint): a
+    bundle whose fingerprint was made to agree with such a text is refused when it loads, with a
+    typed error, not when the call comes."""
+    from stepfork_otel import ReplaySession
+    from stepfork_otel.trace.canonical import sha256_hex
+    from stepfork_otel.trace.checks import validate_structure
+    from stepfork_otel.trace.errors import BundleError
+
+    adopted = foreign.adopt([span("1" * 16, 1, dict(GOOD))], DEFAULT_REDACTOR)
+    assert adopted is not None
+    trace = spans_to_trace(adopted.records, redactor=DEFAULT_REDACTOR, until_root_ends=False)
+    call = trace.calls[0]
+    broken = trace.model_copy(
+        update={
+            "events": [
+                call.model_copy(update={"input": text, "input_sha256": sha256_hex(text)}),
+                *trace.events[1:],
+            ]
+        }
+    )
+    (problem,) = validate_structure(broken)
+    assert problem.message.startswith("fidelity messages-only but the input is not valid JSON (")
+    with pytest.raises(BundleError, match="not valid JSON"):
+        ReplaySession.from_trace(broken)

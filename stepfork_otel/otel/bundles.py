@@ -39,12 +39,18 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from stepfork_otel import constants as k
 from stepfork_otel._internal import log_internal_error
-from stepfork_otel.otel.writer import _WRITER, BundleAppender, BundleWriter, Wait
+from stepfork_otel.otel.writer import (
+    WRITER,
+    BundleAppender,
+    BundleWriter,
+    Wait,
+    open_at_a_free_name,
+)
 from stepfork_otel.recording.handoff import PayloadHandoff
 from stepfork_otel.trace import grouping
 from stepfork_otel.trace.builder import BundleBuilder
 from stepfork_otel.trace.bundle import BundleEncoder
-from stepfork_otel.trace.conversion import SpanRecord, context_span, run_info
+from stepfork_otel.trace.conversion import SpanRecord, context_span, created_by_of, run_info
 from stepfork_otel.trace.models import ContextSpan, Trace
 from stepfork_otel.trace.payload import Payload
 from stepfork_otel.trace.redaction import Redactor
@@ -55,8 +61,6 @@ logger = logging.getLogger("stepfork_otel")
 _RECENT_CALLS = 1024
 #: Spans queued at which the writer is woken to take them at once, not at its next round.
 _QUEUE_ITEMS = 8192
-#: Default names tried for a bundle whose name another file holds.
-_NAME_TRIES = 16
 
 
 def attributes_of(span: ReadableSpan) -> Mapping[str, Any]:
@@ -198,7 +202,7 @@ class Bundles:
         self._refused_runs: dict[str, tuple[str, _Bundle]] = {}
         """Run span id -> (trace id, its bundle) of the runs of refused traces."""
         self._appenders: set[BundleAppender] = set()
-        _WRITER.add(self)
+        WRITER.add(self)
 
     # -- any thread ------------------------------------------------------------------------------
 
@@ -209,9 +213,9 @@ class Bundles:
         queue.append(item)
         if not self._armed:  # (the first item since the writer's last round: its rounds start)
             self._armed = True
-            _WRITER.arm()
+            WRITER.arm()
         elif len(queue) >= _QUEUE_ITEMS:  # a flood of spans: the writer takes them now
-            _WRITER.wake()
+            WRITER.wake()
 
     def open_run(self, span: ReadableSpan, appender: BundleAppender) -> None:
         """Queue the start of a run's bundle, its file already created with its header."""
@@ -226,9 +230,9 @@ class Bundles:
         and closed every open bundle with this reason). False: not within ``timeout``."""
         marker = Wait(close)
         self._queue.append(marker)
-        if threading.current_thread() is _WRITER.thread:  # (a span ended on the writer thread,
+        if threading.current_thread() is WRITER.thread:  # (a span ended on the writer thread,
             return True  # whose spans are suppressed: it cannot wait for itself)
-        _WRITER.wake()
+        WRITER.wake()
         return marker.wait(timeout)
 
     @property
@@ -440,17 +444,12 @@ class Bundles:
         path, state.reserved = state.reserved, None
         header = Trace(trace_id=state.trace_id, run=run_info(None, None))
         try:
-            appender = None
-            for _ in range(_NAME_TRIES):  # (a default name: never over another bundle's file)
-                if path is None:
-                    path = self._claim(self.writer.default_path(state.trace_id), trace_id, None)
-                try:
-                    appender = self._open_file(path, BundleEncoder(header))
-                    break
-                except FileExistsError:
-                    path = None
-            if appender is None:
-                raise FileExistsError(f"no free name for a bundle of trace {state.trace_id}")
+            appender = open_at_a_free_name(
+                lambda: self._claim(self.writer.default_path(state.trace_id), trace_id, None),
+                lambda at: self._open_file(at, BundleEncoder(header)),
+                state.trace_id,
+                path,
+            )
         except Exception:
             self.stats.write_errors += 1
             log_internal_error(f"writing the bundle {path}")
@@ -465,12 +464,8 @@ class Bundles:
         assert ctx is not None  # (a run span that started)
         trace_id = format(ctx.trace_id, "032x")
         run_id = _hex(ctx.span_id)
-        created_by = attributes_of(span).get(k.SDK_VERSION)
         builder = BundleBuilder(
-            trace_id,
-            run_id,
-            self._redactor(),
-            created_by=created_by if isinstance(created_by, str) and created_by else None,
+            trace_id, run_id, self._redactor(), created_by=created_by_of(attributes_of(span))
         )
         state = self._trace(trace_id)
         if state is None:  # refused: the bundle holds the run only, with the reason
@@ -503,8 +498,10 @@ class Bundles:
             if refused is not None:  # (looked up whatever became of the trace's count)
                 dropped = self._refused.get(trace_id, 0)
                 self._close_refused(refused[1], span, payloads, max(dropped, 1))
-            if state is None and _local_parent(span) is None and not any(
-                t == trace_id for t, _ in self._refused_runs.values()
+            if (
+                state is None
+                and _local_parent(span) is None
+                and not any(t == trace_id for t, _ in self._refused_runs.values())
             ):
                 self._refused.pop(trace_id, None)
             return

@@ -70,23 +70,26 @@ from stepfork_otel.otel.bundles import (
     attributes_of,
     span_record,
 )
-from stepfork_otel.otel.writer import BundleAppender, BundleWriter, recover_directory
+from stepfork_otel.otel.writer import (
+    BundleAppender,
+    BundleWriter,
+    open_at_a_free_name,
+    recover_directory,
+)
 from stepfork_otel.recording.handoff import HANDOFF, PayloadHandoff
 from stepfork_otel.trace.bundle import BundleEncoder, bundle_file_name
-from stepfork_otel.trace.conversion import run_info
+from stepfork_otel.trace.conversion import created_by_of, run_info
 from stepfork_otel.trace.models import Trace
 
 __all__ = ["ProcessorStats", "SftraceSpanProcessor", "span_record"]
 
 logger = logging.getLogger("stepfork_otel")
 
-#: How long a run's end waits for the writer to close its bundle before it gives up (logged):
-#: the file is then closed by the writer when it can.
-_RUN_END_WAIT = 30.0
+#: How long a span's end waits for the writer (to close a run's bundle, or to write what is
+#: queued) before it gives up, logged: the writer does it when it can.
+_WRITER_WAIT = 30.0
 #: Traces with calls outside runs remembered (for their local roots' ends).
 _REMEMBERED_TRACES = 4096
-#: Default names tried for a bundle whose name another file holds.
-_NAME_TRIES = 16
 
 
 class _Followed:
@@ -240,7 +243,7 @@ class SftraceSpanProcessor(SpanProcessor):
             bundles.queued += size
             at_once = self.flush_interval == 0 or (followed is not None and followed.at_once)
             if at_once or bundles.queued >= k.FLUSH_BUFFER_BYTES:
-                bundles.wait()
+                self._wait_for_writer("write the calls queued")
         except Exception:
             internal_error("queueing a finished span")
         finally:
@@ -270,20 +273,26 @@ class SftraceSpanProcessor(SpanProcessor):
         writer has closed the bundle it rooted (the file is whole once the request is over)."""
         parent = span.parent
         if (parent is None or parent.is_remote) and trace_id in self._with_calls:
-            self.bundles.wait(_RUN_END_WAIT)
+            self._wait_for_writer("close the bundle of a request")
             return True
         return False
+
+    def _wait_for_writer(self, what: str) -> None:
+        """Wait until the writer has done what is queued; a writer stalled longer (a hung disk)
+        is logged, and the program goes on."""
+        if not self.bundles.wait(_WRITER_WAIT):
+            logger.warning(
+                "stepfork_otel: the bundle writer did not %s within %.0f s (a slow disk?); "
+                "it does when it can",
+                what,
+                _WRITER_WAIT,
+            )
 
     def _run_ended(self, span: ReadableSpan) -> None:
         """A run span ended: wait until its bundle is closed, so that the file is whole when
         ``with record(...)`` returns; stop following its trace when no run of it is left."""
         try:
-            if not self.bundles.wait(_RUN_END_WAIT):
-                logger.warning(
-                    "stepfork_otel: the bundle writer did not close a run's bundle within %.0f s "
-                    "(a slow disk?); it is closed when the writer can",
-                    _RUN_END_WAIT,
-                )
+            self._wait_for_writer("close a run's bundle")
         finally:
             self._unfollow(span)
 
@@ -364,28 +373,32 @@ class SftraceSpanProcessor(SpanProcessor):
                     self._recovered.add(path.parent)
                     recover_directory(path.parent)
                 record = span_record(span, self._handoff.read(span_id))
-                created = record.attributes.get(k.SDK_VERSION)
                 start = Trace(
                     trace_id=record.trace_id,
-                    created_by=created if isinstance(created, str) and created else None,
+                    created_by=created_by_of(record.attributes),
                     run=run_info(record, None),
                 )
-                for _ in range(_NAME_TRIES):  # (a default name is never put over another file)
-                    try:
-                        appender = self._appender(
-                            path,
-                            BundleEncoder(start),
-                            flush_interval,
-                            fsync_interval,
-                            exclusive=not named,
-                        )
-                        break
-                    except FileExistsError:
-                        if named:
-                            raise
-                        path = self._default(trace_id, span_id, directory)
-                else:
-                    raise FileExistsError(f"no free name for a bundle of trace {trace_id:032x}")
+
+                def create(at: Path) -> BundleAppender:
+                    return self._appender(
+                        at,
+                        BundleEncoder(start),
+                        flush_interval,
+                        fsync_interval,
+                        exclusive=not named,
+                    )
+
+                appender = (
+                    create(path)
+                    if named  # (a name of the program's: replaced, as it asked)
+                    else open_at_a_free_name(
+                        lambda: self._default(trace_id, span_id, directory),
+                        create,
+                        record.trace_id,
+                        path,
+                    )
+                )
+                path = appender.path
             except Exception:
                 self.stats.write_errors += 1
                 raise
@@ -471,6 +484,8 @@ def _after_fork_in_child() -> None:
     """A forked child records nothing of its parent's runs (their bundles are the parent's,
     left alone by the writer), and its locks start free (another thread of the parent may have
     held one at the fork)."""
+    global _exit_lock
+    _exit_lock = threading.Lock()
     for processor in list(_ALL):
         processor._lock = threading.RLock()
         processor._followed.clear()

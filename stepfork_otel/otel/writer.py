@@ -1,5 +1,5 @@
 """Where bundles go and how they are written: :class:`BundleWriter` names them,
-:class:`BundleAppender` writes one, and one background thread (:data:`_WRITER`) makes every write.
+:class:`BundleAppender` writes one, and one background thread (:data:`WRITER`) makes every write.
 
 The processor (``otel/processor.py``) only queues what happened to the spans; the writer thread
 takes the queue each round and the processor's bundles (``otel/bundles.py``) decide which bundle
@@ -26,6 +26,7 @@ import threading
 import time
 import weakref
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -81,7 +82,7 @@ class BundleAppender:
 
     **One thread writes.** After the header (written by whoever opens the bundle), every write
     -- and the count and fingerprint the trailer declares -- is made by the writer thread
-    (:data:`_WRITER`), which is never interrupted by a signal handler: it counts only what it
+    (:data:`WRITER`), which is never interrupted by a signal handler: it counts only what it
     writes. The recording threads only queue what happened (see ``otel/bundles.py``).
 
     What is added is written at the writer's next periodic round, every ``flush_interval``
@@ -123,8 +124,8 @@ class BundleAppender:
         self._fd: int | None = _create_with_header(
             path, head, self._packer, sync=fsync_interval is not None, exclusive=exclusive
         )
-        _WRITER.appenders.add(self)
-        _WRITER.arm()  # (started with the first bundle; its periodic rounds may change)
+        WRITER.appenders.add(self)
+        WRITER.arm()  # (started with the first bundle; its periodic rounds may change)
 
     # -- the writer thread -----------------------------------------------------------------------
 
@@ -187,7 +188,7 @@ class BundleAppender:
             self.write_pending(force=True)
         fd, self._fd = self._fd, None
         self._pending.clear()
-        _WRITER.appenders.discard(self)
+        WRITER.appenders.discard(self)
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -224,7 +225,7 @@ class BundleAppender:
             while view:
                 view = view[os.write(fd, view) :]
         self._fd = None
-        _WRITER.appenders.discard(self)
+        WRITER.appenders.discard(self)
         try:
             if self.fsync_interval is not None:
                 with contextlib.suppress(OSError):
@@ -240,7 +241,7 @@ class BundleAppender:
         log_internal_error(f"writing the bundle {self.path}")
         fd, self._fd = self._fd, None
         self._pending.clear()
-        _WRITER.appenders.discard(self)
+        WRITER.appenders.discard(self)
         if fd is not None:
             if why is not None and self._reason_at >= 0:
                 self._say_why(fd, why)
@@ -259,6 +260,27 @@ class BundleAppender:
             quoted = orjson.dumps(text)
         with contextlib.suppress(OSError):
             os.pwrite(fd, quoted.ljust(len(_NO_TRAILER)), self._reason_at)
+
+
+#: Default names tried for a bundle whose name another file holds.
+NAME_TRIES = 16
+
+
+def open_at_a_free_name(
+    next_name: Callable[[], Path],
+    open_file: Callable[[Path], BundleAppender],
+    trace_id: str,
+    first: Path | None = None,
+) -> BundleAppender:
+    """Create a bundle at a default name (``first``, else ``next_name()``), never over another
+    file: while the name is taken (``FileExistsError``), the next name claimed."""
+    path = first
+    for _ in range(NAME_TRIES):
+        try:
+            return open_file(path if path is not None else next_name())
+        except FileExistsError:
+            path = None
+    raise FileExistsError(f"no free name for a bundle of trace {trace_id}")
 
 
 def _create_with_header(
@@ -456,9 +478,11 @@ class _Writer:
 _ARM = object()
 """What :meth:`_Writer.arm` sends the writer thread."""
 
-_WRITER = _Writer()
+WRITER = _Writer()
+"""The one writer thread of the process: every processor's queue and every open bundle are served
+by it."""
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_WRITER.after_fork_in_child)
+    os.register_at_fork(after_in_child=WRITER.after_fork_in_child)
 
 
 def _alive(pid: int) -> bool:

@@ -6,7 +6,7 @@ a silent reuse of a stale result. ``bind`` costs several microseconds per call, 
 signatures get a binder of their own (:func:`simple_binder`) that gives exactly the same mapping;
 ``tests/test_shortcuts.py`` proves the two agree, ``TypeError`` cases included.
 
-Left out of the input (:func:`left_out`): a first ``self``/``cls``, the names the tool's author
+Left out of the input (:attr:`ToolArguments.left_out`): a first ``self``/``cls``, the names the tool's author
 gives (``@trace_tool(exclude=("ctx",))``), and **framework context** -- what a framework passes
 to a tool beside its arguments: pydantic-ai's ``RunContext``, LangChain's ``RunnableConfig``,
 callback handlers and managers, run managers. It is not what the tool was asked (a run context

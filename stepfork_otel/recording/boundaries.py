@@ -144,27 +144,31 @@ def _unreplayable(call: BoundaryCall, what: str, payload: Payload) -> dict[str, 
     it: say so while recording (once per call site and reason), not first at replay, and put
     it on the span (:data:`~stepfork_otel.constants.UNREPLAYABLE`), so that the run's bundle
     does not claim to be complete."""
-    # the marker says "<type of the value>: <what could not be encoded>"
-    why = _marker_reason(payload).partition(": ")[2]
-    key = (call.kind, call.name, what, why)
-    if key not in _warned_unreplayable:
-        _warned_unreplayable.add(key)
-        parameters = _PARAMETER.findall(why) if what == "input" and call.kind == "tool" else []
-        advice = (
-            f"if {'it is' if len(parameters) == 1 else 'they are'} not the tool's input, leave "
-            f"{'it' if len(parameters) == 1 else 'them'} out: "
-            f"@trace_tool(exclude={tuple(parameters)!r})"
-            if parameters
-            else "return JSON-encodable values, pydantic models or dataclasses"
-        )
-        logger.warning(
-            "stepfork_otel: the %s of %s has no JSON form (%s); it is recorded as "
-            "unserialisable and this call cannot be replayed -- %s",
-            what,
-            label(call.kind, call.name, call.provider, call.model),
-            why,
-            advice,
-        )
+    why = "no JSON form"
+    try:  # (recording: a failure here is logged, and the call goes on)
+        # the marker says "<type of the value>: <what could not be encoded>"
+        why = _marker_reason(payload).partition(": ")[2]
+        key = (call.kind, call.name, what, why)
+        if key not in _warned_unreplayable:
+            _warned_unreplayable.add(key)
+            parameters = _PARAMETER.findall(why) if what == "input" and call.kind == "tool" else []
+            advice = (
+                f"if {'it is' if len(parameters) == 1 else 'they are'} not the tool's input, leave "
+                f"{'it' if len(parameters) == 1 else 'them'} out: "
+                f"@trace_tool(exclude={tuple(parameters)!r})"
+                if parameters
+                else "return JSON-encodable values, pydantic models or dataclasses"
+            )
+            logger.warning(
+                "stepfork_otel: the %s of %s has no JSON form (%s); it is recorded as "
+                "unserialisable and this call cannot be replayed -- %s",
+                what,
+                label(call.kind, call.name, call.provider, call.model),
+                why,
+                advice,
+            )
+    except Exception:
+        internal_error("describing a value with no JSON form")
     return {k.UNREPLAYABLE: f"{what}: {why}"}
 
 
@@ -817,8 +821,9 @@ def trace_tool(
     excluded = (exclude,) if isinstance(exclude, str) else tuple(exclude)
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
-        # Decorating never breaks the program: what cannot be a tool is returned unchanged,
-        # with a warning (its calls are then not recorded).
+        # A function that cannot be a tool is returned unchanged, with a warning (its calls are
+        # then not recorded); only a mistake in the decorator's own arguments -- not a
+        # function, an ``exclude`` naming no parameter -- is raised, at import time.
         if isinstance(func, (classmethod, staticmethod)):  # @trace_tool above @classmethod
             return typing.cast(Callable[P, R], type(func)(decorate(func.__func__)))
         if not callable(func):

@@ -6,7 +6,8 @@ all the same. Payloads never travel as private span attributes (those would reac
 exporter), so the boundary hands them over here, keyed by span id, and the processors read them
 when the span ends.
 
-One object with one owner, and every access to what it keeps under its lock:
+One object with one owner, and every change to what it keeps under its lock (the writer thread
+reads without it, :meth:`~PayloadHandoff.peek`):
 
 * a processor :meth:`~PayloadHandoff.attach` es when it starts listening and
   :meth:`~PayloadHandoff.detach` es on shutdown; it :meth:`~PayloadHandoff.read` s a *copy* of a

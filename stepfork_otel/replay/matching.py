@@ -161,7 +161,10 @@ def compared_input(call: BoundaryCall, expected: RecordedCall) -> tuple[str, str
         or call.kind != expected.kind
     ):
         return call.input.text, call.input.sha256
-    live, recorded = loads(call.input.text), loads(event.input)
+    try:
+        live, recorded = loads(call.input.text), loads(event.input)
+    except (ValueError, RecursionError):  # (the structure checks refuse such a bundle first)
+        return call.input.text, call.input.sha256
     if isinstance(event, LlmRequest):
         text = canonical_json(live_form(event.provider, live, recorded))
     else:

@@ -3,8 +3,8 @@ and end.
 
 Every bundle is made here, whoever feeds it. The bundle processor (``otel/``) feeds each open
 bundle the spans of its process as they start and end, on its writer thread; the OTLP importer
-feeds a finished trace's spans in the order they started (:func:`feed_order`) through
-:func:`spans_to_trace`. So "a local bundle loads equal to the one imported from the same spans"
+feeds a finished trace's spans through :func:`spans_to_trace`: every start and end interleaved
+by time, parents first (:func:`feed_order` orders the starts), as the processor met them. So "a local bundle loads equal to the one imported from the same spans"
 rests on one rule in one place:
 
 * **Which spans**: a bundle has a root -- the run span, the local root of the calls outside every
@@ -42,6 +42,7 @@ from stepfork_otel.trace.conversion import (
     call_order,
     captured_reads,
     context_span,
+    created_by_of,
     order_events,
     replay_mode_of,
     run_info,
@@ -228,8 +229,7 @@ class BundleBuilder:
             reason = unreplayable_reason(self._unreplayable)
         created_by = self.created_by
         if created_by is None and run is not None:
-            value = run.attributes.get(k.SDK_VERSION)
-            created_by = value if isinstance(value, str) and value else None
+            created_by = created_by_of(run.attributes)
         final = Trace(
             trace_id=self.trace_id,
             complete=reason is None,

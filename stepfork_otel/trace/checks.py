@@ -167,17 +167,30 @@ def fork_problems(trace: Trace) -> list[Problem]:
 
 
 def _form_problems(events: list[Event]) -> list[Problem]:
-    """An LLM call imported at ``messages-only``/``truncated`` fidelity must hold a request form
+    """A call imported at ``messages-only``/``truncated`` fidelity holds JSON that replay parses
+    (its input is compared in its terms, not by fingerprint), and an LLM call's is a request form
     (``{"url", "model", "messages", ...}``): replay projects the live request onto it."""
     problems: list[Problem] = []
-    imported = [e for e in events if type(e) is LlmRequest and e.fidelity is not None]
-    for event in imported:  # (none in a bundle stepfork recorded)
+    imported: list[LlmRequest | ToolCall] = [
+        e for e in events if isinstance(e, (LlmRequest, ToolCall)) and e.fidelity is not None
+    ]  # (none in a bundle stepfork recorded)
+    for event in imported:
         if event.fidelity not in k.SEMANTIC_FIDELITIES or event.input is None:
             continue
         try:
             form = loads(event.input)
-        except (ValueError, TypeError, RecursionError):
-            continue  # not JSON: the payload checks say so
+        except (ValueError, TypeError, RecursionError) as exc:
+            why = str(exc).split(": line 1 column", 1)[0]
+            problems.append(
+                Problem(
+                    event.id,
+                    f"fidelity {event.fidelity} but the input is not valid JSON ({quote(why)}), "
+                    "so replay cannot compare a call with it",
+                )
+            )
+            continue
+        if isinstance(event, ToolCall):
+            continue
         if not (
             isinstance(form, dict)
             and isinstance(form.get("messages"), list)
@@ -487,7 +500,7 @@ def unreadable_payloads(trace: Trace) -> list[Problem]:
     may match (a bundle built or edited by hand): the fingerprint says the text is what was
     recorded, not that it is JSON. Parsed as replay parses them (:func:`~stepfork_otel.trace.
     canonical.loads`); a call's input is compared by its fingerprint, never parsed, so it is not
-    looked at here."""
+    looked at here (an imported call compared in the terms of its input: the structure checks)."""
     problems: list[Problem] = []
     texts: list[tuple[str | None, str, str]] = []
     if trace.run.input is not None:

@@ -254,6 +254,12 @@ def _call_event(
     return event, base, name
 
 
+def created_by_of(attributes: Mapping[str, Any]) -> str | None:
+    """A bundle's ``created_by``: what its run span says recorded it (``SDK_VERSION``)."""
+    value = attributes.get(k.SDK_VERSION)
+    return value if isinstance(value, str) and value else None
+
+
 def run_info(run: SpanRecord | None, replay_mode: str | None) -> RunInfo:
     """The run's part of a bundle, from its span (None: a bundle of calls outside runs)."""
     if run is None:
