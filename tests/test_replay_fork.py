@@ -226,6 +226,7 @@ def test_a_changed_prefix_raises_before_the_fork_point(recorded: Path, tmp_path:
     assert RAN == {}
     assert fork.summary.forked_after is None
     assert fork.fork_bundle is None
+    assert fork.fork_bundle_missing == "the run ended before call 3, the fork point"
     assert not fork_path.exists()
     assert not fork_path.with_name("fork.sftrace.partial").exists()
     with pytest.raises(ReplayMismatchError, match="fork point was not reached"):
@@ -460,9 +461,23 @@ def test_a_failure_to_write_the_fork_bundle_is_logged_and_keeps_the_partial_run(
         answer = trip_agent("gpt-4o-mini")
     assert answer.startswith("[gpt-4o-mini]")
     assert fork.fork_bundle is None
+    assert fork.fork_bundle_missing == (
+        f"writing it failed: deliberate (the run is in {fork_path}.partial)"
+    )
     assert not fork_path.exists()
     partial = Trace.load(fork_path.with_name("fork.sftrace.partial"))
     assert [c.replay_action for c in partial.calls] == ["substituted"] * 2 + ["executed"] * 2
     assert any(
         f"writing the fork's bundle {fork_path}" in r.getMessage() for r in caplog.records
     ), caplog.text
+
+
+def test_a_fork_is_never_written_over_the_bundle_it_forks(recorded: Path) -> None:
+    before = recorded.read_bytes()
+    with pytest.raises(ReplayModeError, match="record_to is the bundle being replayed"):
+        ReplaySession.from_trace(
+            recorded,
+            fork_at=3,
+            record_to=recorded.parent / ".." / recorded.parent.name / recorded.name,
+        )
+    assert recorded.read_bytes() == before

@@ -616,8 +616,7 @@ def run(args: argparse.Namespace) -> int:
         report.notes.append(
             f"the fork's bundle: {session.fork_bundle}"
             if session.fork_bundle is not None
-            else "no fork bundle was written: the fork point was not reached, or a call before "
-            "it diverged"
+            else f"no fork bundle was written: {session.fork_bundle_missing}"
         )
     if args.json:
         print(json_text(report.to_dict(args.verbose)))

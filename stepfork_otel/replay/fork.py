@@ -86,11 +86,23 @@ class Recording(Protocol):
 
 
 def check_options(
-    mode: ReplayMode, fork_at: object, record_to: str | os.PathLike[str] | None
+    mode: ReplayMode,
+    fork_at: object,
+    record_to: str | os.PathLike[str] | None,
+    source: object = None,
 ) -> None:
     """:class:`ReplayModeError` for fork options that do not fit (checked before anything is
     read): ``fork_at`` is a call's position and makes the session live from it, ``record_to``
-    records a fork."""
+    records a fork, to another file than the bundle replayed (``source``, when a path)."""
+    if (
+        record_to is not None
+        and isinstance(source, (str, os.PathLike))
+        and os.path.realpath(record_to) == os.path.realpath(source)
+    ):
+        raise ReplayModeError(
+            f"record_to is the bundle being replayed ({os.fspath(record_to)}): the fork is "
+            "written to a file of its own, the original is kept"
+        )
     if fork_at is None:
         if record_to is not None:
             raise ReplayModeError(

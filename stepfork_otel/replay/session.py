@@ -55,7 +55,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.trace import Span, Status, StatusCode, set_span_in_context
 
 from stepfork_otel import constants as k
-from stepfork_otel._internal import handle_internal_errors
+from stepfork_otel._internal import handle_internal_errors, internal_error
 from stepfork_otel.config import CONFIG
 from stepfork_otel.constants import ACTION_EXECUTED, ACTION_REJECTED, ACTION_SUBSTITUTED
 from stepfork_otel.recording.contract import (
@@ -82,6 +82,7 @@ from stepfork_otel.replay.results import Action, LiveLlm, ReplayedCall, ReplayRe
 from stepfork_otel.replay.substitution import Substitution, substitute
 from stepfork_otel.trace.bundle import gc_paused, load_any, load_trace, save_trace
 from stepfork_otel.trace.checks import raise_if_inconsistent, verify_integrity
+from stepfork_otel.trace.errors import one_line
 from stepfork_otel.trace.models import ForkOrigin, Trace
 from stepfork_otel.trace.payload import Payload
 from stepfork_otel.trace.policy import EffectivePolicy, ReplayMode
@@ -306,7 +307,10 @@ class ReplaySession:
         """Where a fork is kept as a bundle (``record_to``)."""
         self.fork_bundle: Path | None = None
         """The fork's bundle, once the session exited and wrote it (None: not written -- no
-        ``record_to``, or the fork point was not reached)."""
+        ``record_to``, or :attr:`fork_bundle_missing` says why)."""
+        self.fork_bundle_missing: str | None = None
+        """Why a fork with ``record_to`` wrote no bundle, once the session exited (None: it
+        wrote one, or there is no ``record_to``)."""
         self._recording: fork.Recording | None = None
         self._origin: ForkOrigin | None = None
         if self._fork_index is not None:
@@ -349,7 +353,7 @@ class ReplaySession:
         live_llms = decisions.names(live_llms, "live_llms")
         parsed = _parse_mode(mode, fork_at)
         decisions.check_options(parsed, allow_live_tools, live_llms)  # before reading anything
-        fork.check_options(parsed, fork_at, record_to)
+        fork.check_options(parsed, fork_at, record_to, source)
         allow_network = NetworkGuard(allow_network).allow  # validated before reading, too
         parse_policy(captured)
         trace = load_any(source)
@@ -487,16 +491,29 @@ class ReplaySession:
             return
         recording.__exit__(exc_type, exc, tb)
         partial = recording.path
-        if partial is None:  # (no bundle processor could be attached: logged already)
-            return
         made_before, origin = self._forked_after, self._origin
-        with handle_internal_errors(f"writing the fork's bundle {self.record_to}"):
-            if made_before is not None and origin is not None and self._clean_prefix:
+        if partial is None:  # (logged already)
+            self.fork_bundle_missing = "its run could not be recorded (see the log)"
+            return
+        if made_before is None or origin is None:
+            self.fork_bundle_missing = f"the run ended before call {self.fork_at}, the fork point"
+        elif not self._clean_prefix:
+            self.fork_bundle_missing = (
+                "a call before the fork point diverged: the run is no fork of the recorded one"
+            )
+        else:
+            try:
                 run = load_trace(partial)
                 bundle = fork.fork_trace(self.trace, origin, run, made_before)
                 raise_if_inconsistent(bundle, self.record_to)
                 self.fork_bundle = save_trace(bundle, self.record_to)
-            partial.unlink(missing_ok=True)
+            except Exception as exc:  # (the replay itself went as it went: said, not raised)
+                self.fork_bundle_missing = (
+                    f"writing it failed: {one_line(str(exc))} (the run is in {partial})"
+                )
+                internal_error(f"writing the fork's bundle {self.record_to}")
+                return
+        partial.unlink(missing_ok=True)
 
     # -- what users look at ----------------------------------------------------------------------
 
