@@ -55,7 +55,8 @@ __all__ = [
 ]
 
 #: Approval callback (``manual`` mode, and calls recorded with policy ``manual``/``forbidden``):
-#: gets the recorded call about to be replayed -- already matched, so it is the call being made.
+#: gets the recorded call about to be replayed -- already matched, so it is the call being made;
+#: after a fork point, where nothing is matched, a call made of the live one (id ``live-N``).
 Approver = Callable[[RecordedCall], bool]
 
 

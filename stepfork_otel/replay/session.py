@@ -474,8 +474,7 @@ class ReplaySession:
         self._clean_prefix = not self._divergences
         assert self.fork_at is not None
         self._reads.fork(self.fork_at)
-        if self._mode not in _SEALED:
-            self._network.narrow()
+        self._network.narrow()  # (a fork's mode is live: the guard was the whole process's)
 
     def _finish_recording(
         self,
