@@ -16,7 +16,7 @@ from stepfork_otel.trace.builder import spans_to_trace
 from stepfork_otel.trace.canonical import canonical_json
 from stepfork_otel.trace.conversion import SpanRecord
 from stepfork_otel.trace.foreign_request import live_arguments, live_form
-from stepfork_otel.trace.models import LlmRequest
+from stepfork_otel.trace.models import LlmRequest, payload_value
 from stepfork_otel.trace.otlp import ImportReport, iter_traces_from_otlp_json
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
 
@@ -238,3 +238,77 @@ def test_a_messages_only_call_whose_input_is_not_a_form_makes_the_bundle_invalid
     )
     (problem,) = validate_structure(broken)
     assert problem.message == "fidelity messages-only but the input is not a request form"
+
+
+# --- flattened messages whose indexes leave a gap -----------------------------------------------
+
+#: An index far past the others: walking every index up to it would build millions of messages.
+FAR = 2_000_000
+
+
+def adopted_call(attrs: dict[str, Any], name: str) -> tuple[LlmRequest, list[str], Any]:
+    adopted = foreign.adopt([span("1" * 16, 1, attrs, name)], DEFAULT_REDACTOR)
+    assert adopted is not None
+    trace = spans_to_trace(adopted.records, redactor=DEFAULT_REDACTOR, until_root_ends=False)
+    (call,) = trace.calls
+    assert isinstance(call, LlmRequest)
+    return call, adopted.notes, trace.outcome_of(call)
+
+
+def test_a_gap_in_the_prompt_indexes_keeps_the_messages_after_it_and_says_so() -> None:
+    """``gen_ai.prompt.0`` and ``gen_ai.prompt.2000000``: the messages in between are not on the
+    span (no limit leaves such a hole), so only the one after the gap is compared -- read in
+    time and memory bounded by the attributes, not by the indexes they name."""
+    attrs = {key: value for key, value in FLAT.items() if not key.startswith("gen_ai.prompt.")}
+    attrs |= {
+        "gen_ai.prompt.0.role": "system",
+        "gen_ai.prompt.0.content": "be brief",
+        f"gen_ai.prompt.{FAR}.role": "user",
+        f"gen_ai.prompt.{FAR}.content": "hi",
+    }
+    call, notes, outcome = adopted_call(attrs, "openai.chat")
+    assert call.fidelity == "truncated"
+    form = payload_value(call.input or "")
+    assert form["tail"] == 1
+    assert [m["parts"][0]["content"] for m in form["messages"]] == ["hi"]
+    (note,) = notes
+    assert f"gen_ai.prompt.{FAR - 1} is not on the span" in note
+    assert f"the first {FAR} message(s) are left out" in note
+    assert outcome is not None
+
+
+def test_a_gap_in_the_completion_indexes_leaves_the_result_missing() -> None:
+    """A response rebuilt from some of the choices would be made up: the result is missing."""
+    attrs = dict(FLAT, **{f"gen_ai.completion.{FAR}.role": "assistant"})
+    call, notes, outcome = adopted_call(attrs, "openai.chat")
+    assert call.input is not None
+    assert outcome is None
+    (note,) = notes
+    assert "result missing" in note
+    assert f"gen_ai.completion.{FAR - 1} is not on the span" in note
+
+
+def test_a_gap_in_openinference_message_indexes_keeps_the_messages_after_it() -> None:
+    attrs = {
+        key: value
+        for key, value in OPENINFERENCE.items()
+        if key not in ("input.value", "output.value")
+    }
+    attrs |= {
+        "llm.input_messages.0.message.role": "system",
+        "llm.input_messages.0.message.content": "be brief",
+        f"llm.input_messages.{FAR}.message.role": "user",
+        f"llm.input_messages.{FAR}.message.content": "hi",
+        "llm.output_messages.0.message.role": "assistant",
+        "llm.output_messages.0.message.content": "hello",
+        f"llm.output_messages.{FAR}.message.role": "assistant",
+    }
+    call, notes, outcome = adopted_call(attrs, "ChatCompletion")
+    assert call.fidelity == "truncated"
+    form = payload_value(call.input or "")
+    assert (form["tail"], len(form["messages"])) == (1, 1)
+    assert outcome is None
+    tail, result = notes
+    assert f"llm.input_messages.{FAR - 1} is not on the span" in tail
+    assert "result missing" in result
+    assert f"llm.output_messages.{FAR - 1} is not on the span" in result
