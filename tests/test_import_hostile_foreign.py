@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from stepfork_otel.trace import foreign
+from stepfork_otel.trace import foreign, foreign_genai, grouping
 from stepfork_otel.trace.builder import spans_to_trace
 from stepfork_otel.trace.canonical import canonical_json
 from stepfork_otel.trace.conversion import SpanRecord
 from stepfork_otel.trace.foreign_request import live_arguments, live_form
 from stepfork_otel.trace.models import LlmRequest, payload_value
 from stepfork_otel.trace.otlp import ImportReport, iter_traces_from_otlp_json
+from stepfork_otel.trace.payload import capture
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
 
 GOOD = {
@@ -312,3 +314,82 @@ def test_a_gap_in_openinference_message_indexes_keeps_the_messages_after_it() ->
     assert f"llm.input_messages.{FAR - 1} is not on the span" in tail
     assert "result missing" in result
     assert f"llm.output_messages.{FAR - 1} is not on the span" in result
+
+
+# --- big hostile traces: linear time ------------------------------------------------------------
+# (sizes that took seconds when each root, or each LLM span, walked the whole trace again)
+
+
+def test_local_roots_map_every_span_in_one_pass_and_leave_cycles_out() -> None:
+    parent_of: dict[str, str | None] = {
+        "a": None,
+        "b": "a",
+        "c": "b",
+        "r": "remote",  # a parent in another process: a root
+        "s": "r",
+        "x": "y",  # a cycle, and a span under it
+        "y": "x",
+        "z": "x",
+        "self": "self",
+    }
+    assert grouping.local_roots(parent_of) == {"a": "a", "b": "a", "c": "a", "r": "r", "s": "r"}
+    chain = {f"{n}": f"{n - 1}" if n else None for n in range(50_000)}
+    assert set(grouping.local_roots(chain).values()) == {"0"}
+
+
+def test_a_trace_of_many_root_spans_imports_its_one_call() -> None:
+    roots = [span(f"{n + 0x1000:016x}", 3, {}, "noise") for n in range(16_000)]
+    roots = [replace(s, parent_span_id=None) for s in roots]
+    run = SpanRecord(
+        "ef" * 16, "0" * 16, None, "agent", start_time_unix_nano=0, end_time_unix_nano=9
+    )
+    adopted = foreign.adopt([run, span("1" * 16, 1, dict(GOOD)), *roots], DEFAULT_REDACTOR)
+    assert adopted is not None
+    kinds = {r.span_id: r.stepfork_kind for r in adopted.records if r.stepfork_kind}
+    assert kinds == {"0" * 16: "run", "1" * 16: "llm"}
+
+
+def test_calls_outside_runs_among_many_root_spans_make_their_bundles(tmp_path: Path) -> None:
+    def otlp_span(span_id: str, kind: str | None) -> dict[str, Any]:
+        attributes = [] if kind is None else [{"key": "stepfork.kind", "value": _any(kind)}]
+        return {
+            "traceId": "ef" * 16,
+            "spanId": span_id,
+            "name": "call" if kind else "noise",
+            "startTimeUnixNano": "1",
+            "endTimeUnixNano": "2",
+            "attributes": attributes,
+        }
+
+    spans = [otlp_span(f"{n + 0x1000:016x}", None) for n in range(16_000)]
+    spans += [otlp_span("1" * 16, "llm"), otlp_span("2" * 16, "tool")]
+    path = tmp_path / "spans.json"
+    path.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}))
+    traces = list(iter_traces_from_otlp_json(path))
+    assert sorted(t.calls[0].span_id for t in traces) == ["1" * 16, "2" * 16]
+
+
+def test_deeply_nested_llm_spans_make_one_call_the_innermost() -> None:
+    chain = [
+        replace(span(f"{n + 1:016x}", n, dict(GOOD)), parent_span_id=f"{n:016x}" if n else None)
+        for n in range(8_000)
+    ]
+    adopted = foreign.adopt(chain, DEFAULT_REDACTOR)
+    assert adopted is not None
+    calls = [r.span_id for r in adopted.records if r.stepfork_kind == "llm"]
+    assert calls == [f"{8_000:016x}"]
+
+
+def test_the_tools_a_model_called_are_named_once_each_in_order() -> None:
+    names = [f"tool_{n}" for n in range(20_000)]
+    calls = [{"function": {"name": name}} for name in names + names[:10]]
+    body = {"choices": [{"message": {"tool_calls": calls}}]}
+    record = SpanRecord(
+        "ef" * 16,
+        "1" * 16,
+        None,
+        "chat",
+        attributes={"stepfork.kind": "llm"},
+        payloads={"stepfork.output": capture({"status": 200, "body": body}, DEFAULT_REDACTOR)},
+    )
+    assert foreign_genai.called_tools([record]) == names

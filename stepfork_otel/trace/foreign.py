@@ -87,16 +87,18 @@ def _adapter(span: SpanRecord) -> tuple[str, _Make] | None:
 
 def _innermost(llms: dict[str, object], parent_of: dict[str, str | None]) -> set[str]:
     """LLM spans with an LLM span nested in them (a framework's ``chat`` span above the SDK
-    instrumentation's): the inner one is the call, closer to the wire."""
+    instrumentation's): the inner one is the call, closer to the wire. Each ancestor is visited
+    once (a walk stops where an earlier one passed), so deep nesting costs linear time and a
+    cycle of parent links ends the walk."""
     outer: set[str] = set()
+    above: set[str] = set()  # the spans with an LLM span under them
     for span_id in llms:
         parent = parent_of.get(span_id)
-        seen = 0
-        while parent is not None and seen < len(parent_of):
+        while parent is not None and parent not in above:
+            above.add(parent)
             if parent in llms:
                 outer.add(parent)
             parent = parent_of.get(parent)
-            seen += 1
     return outer
 
 
@@ -135,13 +137,8 @@ def adopt(spans: Sequence[SpanRecord], redactor: Redactor) -> Adopted | None:
             notes.append(
                 f"{where(span, n)}: not read as a call ({type(exc).__name__}); kept as context"
             )
-    roots = [s for s in spans if s.parent_span_id is None or s.parent_span_id not in parent_of]
-    runs = {
-        r.span_id
-        for r in roots
-        if r.span_id not in made
-        and not made.keys().isdisjoint(grouping.subtree(parent_of, r.span_id))
-    }
+    root_of = grouping.local_roots(parent_of)
+    runs = {root for i in made if (root := root_of.get(i)) is not None and root not in made}
     conventions = list(dict.fromkeys(convention_of(by_id[i]) for i in made))
     untraced = _untraced_tools(list(made.values()))
     records = []

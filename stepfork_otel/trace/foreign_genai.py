@@ -310,7 +310,7 @@ def stream_outputs(calls: Sequence[SpanRecord]) -> dict[str, SpanRecord]:
 
 def called_tools(records: Sequence[SpanRecord]) -> list[str]:
     """The names of the tools the model called in ``records`` (their output messages)."""
-    names: list[str] = []
+    names: dict[str, None] = {}  # (in the order they were called, once each)
     for span in records:
         if not span.payloads.get(k.OUTPUT):
             continue
@@ -318,11 +318,10 @@ def called_tools(records: Sequence[SpanRecord]) -> list[str]:
         for choice in as_list(body.get("choices")):
             for call in as_list(as_dict(as_dict(choice).get("message")).get("tool_calls")):
                 name = as_dict(as_dict(call).get("function")).get("name")
-                if isinstance(name, str) and name not in names:
-                    names.append(name)
+                if isinstance(name, str):
+                    names[name] = None
         for block in as_list(body.get("content")):
             name = as_dict(block).get("name")
-            tool_use = as_dict(block).get("type") == "tool_use"
-            if tool_use and isinstance(name, str) and name not in names:
-                names.append(name)
-    return names
+            if as_dict(block).get("type") == "tool_use" and isinstance(name, str):
+                names[name] = None
+    return list(names)

@@ -994,22 +994,17 @@ def _tops_with_calls(records: list[SpanRecord], local: set[str]) -> list[SpanRec
     one bundle each, as the processor writes them. Empty when some call hangs under none of
     them (its parent, in the same process, never arrived: the trace is then one bundle, said
     incomplete). ``local``: the spans whose OTLP flags say their parent is in their process."""
-    ids = {s.span_id for s in records}
     parents, kinds = parents_and_kinds(records)
-    tops = [
-        s
+    tops = {
+        s.span_id: s
         for s in records
-        if s.parent_span_id is None or (s.parent_span_id not in ids and s.span_id not in local)
-    ]
-    found: list[SpanRecord] = []
-    covered: set[str] = set()
-    for top in sorted(tops, key=call_order):
-        under = grouping.subtree(parents, top.span_id)
-        if any(kinds.get(i) in k.BOUNDARY_KINDS for i in under):
-            found.append(top)
-            covered |= under
-    calls = {i for i, kind in kinds.items() if kind in k.BOUNDARY_KINDS}
-    return found if calls <= covered else []
+        if s.parent_span_id is None or (s.parent_span_id not in parents and s.span_id not in local)
+    }
+    root_of = grouping.local_roots(parents)
+    holding = {root_of.get(i) for i, kind in kinds.items() if kind in k.BOUNDARY_KINDS}
+    if not all(top in tops for top in holding):  # (None: a call under a cycle)
+        return []
+    return sorted((tops[i] for i in holding if i is not None), key=call_order)
 
 
 def _read_sources(sources: list[_Source], report: ImportReport) -> Iterator[_Record]:
