@@ -369,6 +369,27 @@ def test_calls_outside_runs_among_many_root_spans_make_their_bundles(tmp_path: P
     assert sorted(t.calls[0].span_id for t in traces) == ["1" * 16, "2" * 16]
 
 
+def test_a_trace_of_many_runs_makes_a_bundle_of_each(tmp_path: Path) -> None:
+    """Each bundle is built from its own spans, not from the whole trace again."""
+    spans = []
+    for n in range(2_000):
+        root, call = f"{n + 0x100000:016x}", f"{n + 0x200000:016x}"
+        spans.append({"traceId": "ef" * 16, "spanId": root, "name": "agent"})
+        attributes = [{"key": key, "value": _any(value)} for key, value in GOOD.items()]
+        spans.append(
+            {"traceId": "ef" * 16, "spanId": call, "parentSpanId": root, "name": "chat gpt-4o"}
+            | {"startTimeUnixNano": "1", "endTimeUnixNano": "2", "attributes": attributes}
+        )
+    path = tmp_path / "spans.json"
+    path.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}))
+    traces = list(iter_traces_from_otlp_json(path))
+    assert len(traces) == 2_000
+    assert all(
+        [c.span_id for c in t.calls] == [f"{int(t.run.span_id or '', 16) + 0x100000:016x}"]
+        for t in traces
+    )
+
+
 def test_deeply_nested_llm_spans_make_one_call_the_innermost() -> None:
     chain = [
         replace(span(f"{n + 1:016x}", n, dict(GOOD)), parent_span_id=f"{n:016x}" if n else None)

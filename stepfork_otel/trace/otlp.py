@@ -949,6 +949,11 @@ class _Assembler:
         # processor with a directory writes for each local root, or call outside any span)
         roots: list[SpanRecord | None] = list(runs) or list(_tops_with_calls(records, local))
         roots = roots or [None]
+        # each bundle is handed its own spans (all of them, one bundle): one pass, not one per root
+        bundle_of = grouping.local_roots(parents, {r.span_id for r in roots if r is not None})
+        spans_of: dict[str | None, list[SpanRecord]] = {}
+        for span in records:
+            spans_of.setdefault(bundle_of.get(span.span_id), []).append(span)
         for root in roots:
             orphan = next((s for s in orphans if _within(s, root)), None)
             why = reason  # (a lost line is the likelier cause of a missing span: said first)
@@ -959,7 +964,7 @@ class _Assembler:
                 )
             try:
                 trace = spans_to_trace(
-                    records,
+                    records if root is None else spans_of[root.span_id],
                     redactor=self.redactor,
                     complete=why is None,
                     incomplete_reason=why,
