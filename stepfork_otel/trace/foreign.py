@@ -3,7 +3,8 @@ the traces it already has (``stepfork import``).
 
 The importer hands the spans of a trace that holds no stepfork span to :func:`adopt`. Each span
 an adapter recognises is given the attributes and payloads a stepfork boundary span carries, its
-trace's local root becomes the run, and the one bundle builder
+trace's local root becomes the run (a call that is the trace's root gets a run made around it),
+and the one bundle builder
 (:func:`~stepfork_otel.trace.builder.spans_to_trace`) builds the bundle: there is no second
 converter. Replay then serves the calls through ``instrument_openai()`` /
 ``instrument_anthropic()`` and ``@trace_tool``. One adapter per convention:
@@ -23,6 +24,7 @@ Pure data in, data out (the format layer): no OpenTelemetry import.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -104,8 +106,9 @@ def _innermost(llms: dict[str, object], parent_of: dict[str, str | None]) -> set
 
 def adopt(spans: Sequence[SpanRecord], redactor: Redactor) -> Adopted | None:
     """The spans of one trace (none of them stepfork's) with every span an adapter reads made
-    a call and each local root above one made its run; None when the trace holds no such span.
-    Other spans are kept as they are (the conversion keeps them as context)."""
+    a call and each local root above one made its run -- a call with no parent gets a run made
+    around it; None when the trace holds no such span. Other spans are kept as they are (the
+    conversion keeps them as context)."""
     adapters = {s.span_id: a for s in spans if (a := _adapter(s)) is not None}
     if not adapters:
         return None
@@ -139,20 +142,46 @@ def adopt(spans: Sequence[SpanRecord], redactor: Redactor) -> Adopted | None:
             )
     root_of = grouping.local_roots(parent_of)
     runs = {root for i in made if (root := root_of.get(i)) is not None and root not in made}
+    # a call that is the trace's root (the agent opened no span of its own) gets a run made
+    # around it: its bundle too says where it came from and which tools ran untraced
+    taken = set(parent_of)
+    around = {i: _run_around(by_id[i], taken) for i in made if by_id[i].parent_span_id is None}
     conventions = list(dict.fromkeys(convention_of(by_id[i]) for i in made))
     untraced = _untraced_tools(list(made.values()))
+
+    def run(span: SpanRecord) -> SpanRecord:
+        made_run = run_record(span, redactor, created_by(conventions or [GENAI]))
+        if not untraced:
+            return made_run
+        return replace(
+            made_run, attributes={**made_run.attributes, k.IMPORT_UNTRACED_TOOLS: untraced}
+        )
+
     records = []
     for s in spans:
-        if s.span_id in made:
+        if s.span_id in around:
+            records.append(run(around[s.span_id]))
+            records.append(replace(made[s.span_id], parent_span_id=around[s.span_id].span_id))
+        elif s.span_id in made:
             records.append(made[s.span_id])
         elif s.span_id in runs:
-            run = run_record(s, redactor, created_by(conventions or [GENAI]))
-            if untraced:
-                run = replace(run, attributes={**run.attributes, k.IMPORT_UNTRACED_TOOLS: untraced})
-            records.append(run)
+            records.append(run(s))
         else:
             records.append(s)
     return Adopted(records, notes)
+
+
+def _run_around(call: SpanRecord, taken: set[str]) -> SpanRecord:
+    """The span of the run made around a call that is the trace's root: the call's name, times
+    and status, nothing of its content, and a span id of its own -- derived from the call's, so
+    the same spans give the same bundle, and none of the trace's (``taken``, which it joins)."""
+    n = 0
+    while (
+        span_id := hashlib.sha256(f"run of {call.span_id} {n}".encode()).hexdigest()[:16]
+    ) in taken:
+        n += 1
+    taken.add(span_id)
+    return replace(call, span_id=span_id, kind="INTERNAL", attributes={}, payloads={})
 
 
 def _untraced_tools(calls: list[SpanRecord]) -> list[str]:
