@@ -414,3 +414,22 @@ def test_the_tools_a_model_called_are_named_once_each_in_order() -> None:
         payloads={"stepfork.output": capture({"status": 200, "body": body}, DEFAULT_REDACTOR)},
     )
     assert foreign_genai.called_tools([record]) == names
+
+
+def test_a_text_part_without_content_leaves_the_call_a_call() -> None:
+    """The part is skipped (as the Anthropic builder does), not a KeyError that made the whole
+    call context."""
+    output = [
+        {
+            "role": "assistant",
+            "parts": [{"type": "text"}, {"type": "tool_call", "id": "c1", "name": "f"}],
+            "finish_reason": "tool_call",
+        }
+    ]
+    attrs = dict(GOOD, **{"gen_ai.output.messages": json.dumps(output)})
+    _, notes, outcome = adopted_call(attrs, "chat gpt-4o")
+    assert notes == []
+    assert outcome is not None
+    (choice,) = payload_value(outcome.output or "")["body"]["choices"]
+    assert choice["message"]["content"] is None
+    assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["f"]
