@@ -433,3 +433,14 @@ def test_a_text_part_without_content_leaves_the_call_a_call() -> None:
     (choice,) = payload_value(outcome.output or "")["body"]["choices"]
     assert choice["message"]["content"] is None
     assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["f"]
+
+
+def test_a_note_names_a_span_by_its_redacted_name() -> None:
+    """Span names may embed credentials: the notes name a call as the bundle would."""
+    secret = "sk-proj-" + "Q9w8E7r6T5y4U3i2O1p0A9s8D7f6G5h4"
+    cut = dict(GOOD, **{"gen_ai.input.messages": "[{"})
+    adopted = foreign.adopt([span("1" * 16, 1, cut, f"chat {secret}")], DEFAULT_REDACTOR)
+    assert adopted is not None
+    (note,) = adopted.notes
+    assert note.startswith("span 1111111111111111 (chat ")
+    assert secret not in note

@@ -42,8 +42,6 @@ OPENINFERENCE = foreign_openinference.NAME
 GENAI = "OpenTelemetry GenAI"
 LOGFIRE = "logfire"
 OPENLLMETRY = "OpenLLMetry"
-#: ``created_by`` of a bundle built from OpenInference spans (the run span's ``SDK_VERSION``).
-CREATED_BY_OPENINFERENCE = f"{OPENINFERENCE} spans, imported by stepfork_otel {__version__}"
 
 _Make = Callable[[SpanRecord, int, Redactor, list[str]], SpanRecord]
 
@@ -138,7 +136,8 @@ def adopt(spans: Sequence[SpanRecord], redactor: Redactor) -> Adopted | None:
                 made[span.span_id] = make(span, n, redactor, notes)
         except Exception as exc:  # one hostile span never stops the rest of the trace
             notes.append(
-                f"{where(span, n)}: not read as a call ({type(exc).__name__}); kept as context"
+                f"{where(span, n, redactor)}: not read as a call ({type(exc).__name__}); "
+                "kept as context"
             )
     root_of = grouping.local_roots(parent_of)
     runs = {root for i in made if (root := root_of.get(i)) is not None and root not in made}

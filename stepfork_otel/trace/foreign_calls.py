@@ -61,10 +61,10 @@ def token_count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def where(span: SpanRecord, n: int) -> str:
-    """How a note names a call: its span, its name (redacted by the caller's note text only
-    through ids: span names of LLM spans are the instrumentation's) and its place."""
-    return f"span {span.span_id} ({span.name[:60]}, call {n} of the trace)"
+def where(span: SpanRecord, n: int, redactor: Redactor) -> str:
+    """How a note names a call: its span, its name (redacted, as the bundle holds span names:
+    they may embed credentials) and its place."""
+    return f"span {span.span_id} ({redactor.redact_text(span.name)[:60]}, call {n} of the trace)"
 
 
 @dataclass

@@ -193,7 +193,7 @@ def llm_call(
     """A GenAI chat span as the span of an ``instrument_openai()``/``instrument_anthropic()``
     call. ``output_from``: the span that holds its output (logfire's stream span)."""
     attrs = span.attributes
-    at = where(span, n)
+    at = where(span, n, redactor)
     provider = provider_of(attrs) or k.PROVIDER_OPENAI
     model = first_str(attrs, k.GEN_AI_REQUEST_MODEL) or ""
     call = ImportedLlm(provider, model, fidelity=k.FIDELITY_MESSAGES_ONLY)
@@ -274,7 +274,7 @@ def tool_call(span: SpanRecord, n: int, redactor: Redactor, notes: list[str]) ->
     arguments = json_object(raw)
     if arguments is None:
         why = _CONTENT_OFF if raw is None else "gen_ai.tool.call.arguments is not a JSON object"
-        notes.append(f"{where(span, n)}: tool {name!r}: arguments missing -- {why}")
+        notes.append(f"{where(span, n, redactor)}: tool {name!r}: arguments missing -- {why}")
     output = attrs.get(k.GEN_AI_TOOL_CALL_RESULT)
     result = json_value(output)
     if result is None:
@@ -283,7 +283,7 @@ def tool_call(span: SpanRecord, n: int, redactor: Redactor, notes: list[str]) ->
     if span.status == "error":
         failed = (first_str(attrs, k.ERROR_TYPE_SEMCONV) or "Exception", "the tool raised")
     elif result is None:
-        notes.append(f"{where(span, n)}: tool {name!r}: result missing -- {_CONTENT_OFF}")
+        notes.append(f"{where(span, n, redactor)}: tool {name!r}: result missing -- {_CONTENT_OFF}")
     return tool_record(span, name, arguments, result, redactor, failed=failed)
 
 

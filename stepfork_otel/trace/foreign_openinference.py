@@ -92,7 +92,7 @@ def llm_call(
 ) -> SpanRecord:
     """An OpenInference OpenAI span as the span of an ``instrument_openai()`` call."""
     attrs = span.attributes
-    at = where(span, n)
+    at = where(span, n, redactor)
     raw_input = attrs.get(k.INPUT_VALUE)
     body = json_object(raw_input)
     if body is not None and _BODY_FIELD[url] not in body:
@@ -210,7 +210,7 @@ def tool_call(span: SpanRecord, n: int, redactor: Redactor, notes: list[str]) ->
     arguments = json_object(raw)
     if arguments is None:
         notes.append(
-            f"{where(span, n)}: tool {name!r}: arguments missing -- input.value is "
+            f"{where(span, n, redactor)}: tool {name!r}: arguments missing -- input.value is "
             + ("not on the span" if raw is None else "not a JSON object")
             + "; replay stops at this call"
         )
