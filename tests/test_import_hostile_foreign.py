@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from stepfork_otel.trace import foreign
+from stepfork_otel.trace import foreign, foreign_genai, grouping
 from stepfork_otel.trace.builder import spans_to_trace
 from stepfork_otel.trace.canonical import canonical_json
 from stepfork_otel.trace.conversion import SpanRecord
 from stepfork_otel.trace.foreign_request import live_arguments, live_form
-from stepfork_otel.trace.models import LlmRequest
+from stepfork_otel.trace.models import LlmRequest, payload_value
 from stepfork_otel.trace.otlp import ImportReport, iter_traces_from_otlp_json
+from stepfork_otel.trace.payload import capture
 from stepfork_otel.trace.redaction import DEFAULT_REDACTOR
 
 GOOD = {
@@ -268,3 +270,207 @@ def test_a_messages_only_call_whose_input_is_not_json_is_refused_before_replay(t
     assert problem.message.startswith("fidelity messages-only but the input is not valid JSON (")
     with pytest.raises(BundleError, match="not valid JSON"):
         ReplaySession.from_trace(broken)
+
+
+# --- flattened messages whose indexes leave a gap -----------------------------------------------
+
+#: An index far past the others: walking every index up to it would build millions of messages.
+FAR = 2_000_000
+
+
+def adopted_call(attrs: dict[str, Any], name: str) -> tuple[LlmRequest, list[str], Any]:
+    adopted = foreign.adopt([span("1" * 16, 1, attrs, name)], DEFAULT_REDACTOR)
+    assert adopted is not None
+    trace = spans_to_trace(adopted.records, redactor=DEFAULT_REDACTOR, until_root_ends=False)
+    (call,) = trace.calls
+    assert isinstance(call, LlmRequest)
+    return call, adopted.notes, trace.outcome_of(call)
+
+
+def test_a_gap_in_the_prompt_indexes_keeps_the_messages_after_it_and_says_so() -> None:
+    """``gen_ai.prompt.0`` and ``gen_ai.prompt.2000000``: the messages in between are not on the
+    span (no limit leaves such a hole), so only the one after the gap is compared -- read in
+    time and memory bounded by the attributes, not by the indexes they name."""
+    attrs = {key: value for key, value in FLAT.items() if not key.startswith("gen_ai.prompt.")}
+    attrs |= {
+        "gen_ai.prompt.0.role": "system",
+        "gen_ai.prompt.0.content": "be brief",
+        f"gen_ai.prompt.{FAR}.role": "user",
+        f"gen_ai.prompt.{FAR}.content": "hi",
+    }
+    call, notes, outcome = adopted_call(attrs, "openai.chat")
+    assert call.fidelity == "truncated"
+    form = payload_value(call.input or "")
+    assert form["tail"] == 1
+    assert [m["parts"][0]["content"] for m in form["messages"]] == ["hi"]
+    (note,) = notes
+    assert f"gen_ai.prompt.{FAR - 1} is not on the span" in note
+    assert f"the first {FAR} message(s) are left out" in note
+    assert outcome is not None
+
+
+def test_a_gap_in_the_completion_indexes_leaves_the_result_missing() -> None:
+    """A response rebuilt from some of the choices would be made up: the result is missing."""
+    attrs = dict(FLAT, **{f"gen_ai.completion.{FAR}.role": "assistant"})
+    call, notes, outcome = adopted_call(attrs, "openai.chat")
+    assert call.input is not None
+    assert outcome is None
+    (note,) = notes
+    assert "result missing" in note
+    assert f"gen_ai.completion.{FAR - 1} is not on the span" in note
+
+
+def test_a_gap_in_openinference_message_indexes_keeps_the_messages_after_it() -> None:
+    attrs = {
+        key: value
+        for key, value in OPENINFERENCE.items()
+        if key not in ("input.value", "output.value")
+    }
+    attrs |= {
+        "llm.input_messages.0.message.role": "system",
+        "llm.input_messages.0.message.content": "be brief",
+        f"llm.input_messages.{FAR}.message.role": "user",
+        f"llm.input_messages.{FAR}.message.content": "hi",
+        "llm.output_messages.0.message.role": "assistant",
+        "llm.output_messages.0.message.content": "hello",
+        f"llm.output_messages.{FAR}.message.role": "assistant",
+    }
+    call, notes, outcome = adopted_call(attrs, "ChatCompletion")
+    assert call.fidelity == "truncated"
+    form = payload_value(call.input or "")
+    assert (form["tail"], len(form["messages"])) == (1, 1)
+    assert outcome is None
+    tail, result = notes
+    assert f"llm.input_messages.{FAR - 1} is not on the span" in tail
+    assert "result missing" in result
+    assert f"llm.output_messages.{FAR - 1} is not on the span" in result
+
+
+# --- big hostile traces: linear time ------------------------------------------------------------
+# (sizes that took seconds when each root, or each LLM span, walked the whole trace again)
+
+
+def test_local_roots_map_every_span_in_one_pass_and_leave_cycles_out() -> None:
+    parent_of: dict[str, str | None] = {
+        "a": None,
+        "b": "a",
+        "c": "b",
+        "r": "remote",  # a parent in another process: a root
+        "s": "r",
+        "x": "y",  # a cycle, and a span under it
+        "y": "x",
+        "z": "x",
+        "self": "self",
+    }
+    assert grouping.local_roots(parent_of) == {"a": "a", "b": "a", "c": "a", "r": "r", "s": "r"}
+    chain = {f"{n}": f"{n - 1}" if n else None for n in range(50_000)}
+    assert set(grouping.local_roots(chain).values()) == {"0"}
+
+
+def test_a_trace_of_many_root_spans_imports_its_one_call() -> None:
+    roots = [span(f"{n + 0x1000:016x}", 3, {}, "noise") for n in range(16_000)]
+    roots = [replace(s, parent_span_id=None) for s in roots]
+    run = SpanRecord(
+        "ef" * 16, "0" * 16, None, "agent", start_time_unix_nano=0, end_time_unix_nano=9
+    )
+    adopted = foreign.adopt([run, span("1" * 16, 1, dict(GOOD)), *roots], DEFAULT_REDACTOR)
+    assert adopted is not None
+    kinds = {r.span_id: r.stepfork_kind for r in adopted.records if r.stepfork_kind}
+    assert kinds == {"0" * 16: "run", "1" * 16: "llm"}
+
+
+def test_calls_outside_runs_among_many_root_spans_make_their_bundles(tmp_path: Path) -> None:
+    def otlp_span(span_id: str, kind: str | None) -> dict[str, Any]:
+        attributes = [] if kind is None else [{"key": "stepfork.kind", "value": _any(kind)}]
+        return {
+            "traceId": "ef" * 16,
+            "spanId": span_id,
+            "name": "call" if kind else "noise",
+            "startTimeUnixNano": "1",
+            "endTimeUnixNano": "2",
+            "attributes": attributes,
+        }
+
+    spans = [otlp_span(f"{n + 0x1000:016x}", None) for n in range(16_000)]
+    spans += [otlp_span("1" * 16, "llm"), otlp_span("2" * 16, "tool")]
+    path = tmp_path / "spans.json"
+    path.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}))
+    traces = list(iter_traces_from_otlp_json(path))
+    assert sorted(t.calls[0].span_id for t in traces) == ["1" * 16, "2" * 16]
+
+
+def test_a_trace_of_many_runs_makes_a_bundle_of_each(tmp_path: Path) -> None:
+    """Each bundle is built from its own spans, not from the whole trace again."""
+    spans = []
+    for n in range(2_000):
+        root, call = f"{n + 0x100000:016x}", f"{n + 0x200000:016x}"
+        spans.append({"traceId": "ef" * 16, "spanId": root, "name": "agent"})
+        attributes = [{"key": key, "value": _any(value)} for key, value in GOOD.items()]
+        spans.append(
+            {"traceId": "ef" * 16, "spanId": call, "parentSpanId": root, "name": "chat gpt-4o"}
+            | {"startTimeUnixNano": "1", "endTimeUnixNano": "2", "attributes": attributes}
+        )
+    path = tmp_path / "spans.json"
+    path.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}))
+    traces = list(iter_traces_from_otlp_json(path))
+    assert len(traces) == 2_000
+    assert all(
+        [c.span_id for c in t.calls] == [f"{int(t.run.span_id or '', 16) + 0x100000:016x}"]
+        for t in traces
+    )
+
+
+def test_deeply_nested_llm_spans_make_one_call_the_innermost() -> None:
+    chain = [
+        replace(span(f"{n + 1:016x}", n, dict(GOOD)), parent_span_id=f"{n:016x}" if n else None)
+        for n in range(8_000)
+    ]
+    adopted = foreign.adopt(chain, DEFAULT_REDACTOR)
+    assert adopted is not None
+    calls = [r.span_id for r in adopted.records if r.stepfork_kind == "llm"]
+    assert calls == [f"{8_000:016x}"]
+
+
+def test_the_tools_a_model_called_are_named_once_each_in_order() -> None:
+    names = [f"tool_{n}" for n in range(20_000)]
+    calls = [{"function": {"name": name}} for name in names + names[:10]]
+    body = {"choices": [{"message": {"tool_calls": calls}}]}
+    record = SpanRecord(
+        "ef" * 16,
+        "1" * 16,
+        None,
+        "chat",
+        attributes={"stepfork.kind": "llm"},
+        payloads={"stepfork.output": capture({"status": 200, "body": body}, DEFAULT_REDACTOR)},
+    )
+    assert foreign_genai.called_tools([record]) == names
+
+
+def test_a_text_part_without_content_leaves_the_call_a_call() -> None:
+    """The part is skipped (as the Anthropic builder does), not a KeyError that made the whole
+    call context."""
+    output = [
+        {
+            "role": "assistant",
+            "parts": [{"type": "text"}, {"type": "tool_call", "id": "c1", "name": "f"}],
+            "finish_reason": "tool_call",
+        }
+    ]
+    attrs = dict(GOOD, **{"gen_ai.output.messages": json.dumps(output)})
+    _, notes, outcome = adopted_call(attrs, "chat gpt-4o")
+    assert notes == []
+    assert outcome is not None
+    (choice,) = payload_value(outcome.output or "")["body"]["choices"]
+    assert choice["message"]["content"] is None
+    assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["f"]
+
+
+def test_a_note_names_a_span_by_its_redacted_name() -> None:
+    """Span names may embed credentials: the notes name a call as the bundle would."""
+    secret = "sk-proj-" + "Q9w8E7r6T5y4U3i2O1p0A9s8D7f6G5h4"
+    cut = dict(GOOD, **{"gen_ai.input.messages": "[{"})
+    adopted = foreign.adopt([span("1" * 16, 1, cut, f"chat {secret}")], DEFAULT_REDACTOR)
+    assert adopted is not None
+    (note,) = adopted.notes
+    assert note.startswith("span 1111111111111111 (chat ")
+    assert secret not in note

@@ -56,7 +56,7 @@ def test_an_openinference_traced_agent_replays_frozen_from_its_imported_spans(
 
     trace = Trace.load(run.bundle)
     assert trace.complete
-    assert trace.created_by == foreign.CREATED_BY_OPENINFERENCE
+    assert trace.created_by == foreign.created_by([foreign.OPENINFERENCE])
     assert trace.run.name == "weather-agent"
     requests = [e for e in trace.events if isinstance(e, LlmRequest)]
     assert [(r.provider, r.model, r.operation) for r in requests] == [
@@ -123,6 +123,35 @@ def test_a_streaming_agent_replays_from_the_merged_completion(tmp_path: Path) ->
         any(note.startswith("stream rebuilt from the recorded final message") for note in notes)
         for notes in replayed["notes"]
     )
+
+
+def test_a_trace_whose_root_is_the_llm_span_still_makes_a_run(
+    by_file: Traced, tmp_path: Path
+) -> None:
+    """An LLM span with no parent (the agent opened no span of its own): the bundle still says
+    where it came from and which tools ran untraced -- the run is made around the call."""
+    batches = [json.loads(line) for line in by_file.spans.read_text().splitlines() if line]
+    found = [
+        (resource, scope, otlp_span)
+        for batch in batches
+        for resource in batch["resourceSpans"]
+        for scope in resource["scopeSpans"]
+        for otlp_span in scope["spans"]
+        if otlp_span["name"] == "ChatCompletion"
+    ]
+    resource, scope, lone = min(found, key=lambda f: int(f[2]["startTimeUnixNano"]))
+    lone = {key: value for key, value in lone.items() if key != "parentSpanId"}
+    alone = {"resourceSpans": [dict(resource, scopeSpans=[dict(scope, spans=[lone])])]}
+    path = tmp_path / "lone.jsonl"
+    path.write_text(json.dumps(alone) + "\n")
+
+    (trace,) = iter_traces_from_otlp_json(path)
+    assert trace.created_by == foreign.created_by([foreign.OPENINFERENCE])
+    assert trace.run.name == "ChatCompletion"
+    assert trace.run.untraced_tools == ["get_weather"]
+    (call,) = trace.calls
+    assert (call.span_id, call.fidelity) == (lone["spanId"], "exact")
+    assert trace.outcome_of(call) is not None
 
 
 # --- the docs' pasted outputs are this test's -----------------------------------------------------

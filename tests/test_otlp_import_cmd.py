@@ -143,8 +143,14 @@ def test_traces_without_stepfork_spans_only(
     capsys.readouterr()
     assert cli.main(["import", str(path), "-o", str(tmp_path / "out")]) == 1
     stdout = capsys.readouterr().out
-    assert "0 runs imported from 1 file (1 lines, 1 spans); 1 trace without stepfork" in stdout
-    assert "no recorded run found" in stdout
+    assert (
+        "0 runs imported from 1 file (1 lines, 1 spans); 1 trace without stepfork spans or calls "
+        "of a known instrumentation ignored (1 spans)" in stdout
+    )
+    assert (
+        "no recorded run found (no stepfork spans, nor calls of an instrumentation the importer "
+        "reads)" in stdout
+    )
 
 
 def test_second_run_of_a_trace_is_named_after_its_run_span(

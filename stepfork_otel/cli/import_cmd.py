@@ -272,7 +272,8 @@ def _print_summary(report: ImportReport, files: list[str], style: Style) -> None
     if report.ignored_traces:
         parts.append(
             f"{report.ignored_traces} trace{'s' if report.ignored_traces != 1 else ''} without "
-            f"stepfork spans ignored ({report.ignored_spans} spans)"
+            f"stepfork spans or calls of a known instrumentation ignored "
+            f"({report.ignored_spans} spans)"
         )
     if report.other_signals:
         parts.append(f"{report.other_signals} lines of logs/metrics skipped")
@@ -285,7 +286,14 @@ def _print_summary(report: ImportReport, files: list[str], style: Style) -> None
         parts.append("ids were base64 (protobuf JSON) and were decoded")
     print(style.line("; ".join(parts)))
     if report.traces == 0:
-        print(style.line(style.yellow("no recorded run found (no spans with stepfork attributes)")))
+        print(
+            style.line(
+                style.yellow(
+                    "no recorded run found (no stepfork spans, nor calls of an instrumentation "
+                    "the importer reads)"
+                )
+            )
+        )
     if report.problems:
         print(style.line(style.red(f"{len(report.problems)} problems in the input:")))
         for problem in report.problems[:_MAX_PROBLEMS_SHOWN]:

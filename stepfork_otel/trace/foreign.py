@@ -3,7 +3,8 @@ the traces it already has (``stepfork import``).
 
 The importer hands the spans of a trace that holds no stepfork span to :func:`adopt`. Each span
 an adapter recognises is given the attributes and payloads a stepfork boundary span carries, its
-trace's local root becomes the run, and the one bundle builder
+trace's local root becomes the run (a call that is the trace's root gets a run made around it),
+and the one bundle builder
 (:func:`~stepfork_otel.trace.builder.spans_to_trace`) builds the bundle: there is no second
 converter. Replay then serves the calls through ``instrument_openai()`` /
 ``instrument_anthropic()`` and ``@trace_tool``. One adapter per convention:
@@ -23,6 +24,7 @@ Pure data in, data out (the format layer): no OpenTelemetry import.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -40,8 +42,6 @@ OPENINFERENCE = foreign_openinference.NAME
 GENAI = "OpenTelemetry GenAI"
 LOGFIRE = "logfire"
 OPENLLMETRY = "OpenLLMetry"
-#: ``created_by`` of a bundle built from OpenInference spans (the run span's ``SDK_VERSION``).
-CREATED_BY_OPENINFERENCE = f"{OPENINFERENCE} spans, imported by stepfork_otel {__version__}"
 
 _Make = Callable[[SpanRecord, int, Redactor, list[str]], SpanRecord]
 
@@ -87,23 +87,26 @@ def _adapter(span: SpanRecord) -> tuple[str, _Make] | None:
 
 def _innermost(llms: dict[str, object], parent_of: dict[str, str | None]) -> set[str]:
     """LLM spans with an LLM span nested in them (a framework's ``chat`` span above the SDK
-    instrumentation's): the inner one is the call, closer to the wire."""
+    instrumentation's): the inner one is the call, closer to the wire. Each ancestor is visited
+    once (a walk stops where an earlier one passed), so deep nesting costs linear time and a
+    cycle of parent links ends the walk."""
     outer: set[str] = set()
+    above: set[str] = set()  # the spans with an LLM span under them
     for span_id in llms:
         parent = parent_of.get(span_id)
-        seen = 0
-        while parent is not None and seen < len(parent_of):
+        while parent is not None and parent not in above:
+            above.add(parent)
             if parent in llms:
                 outer.add(parent)
             parent = parent_of.get(parent)
-            seen += 1
     return outer
 
 
 def adopt(spans: Sequence[SpanRecord], redactor: Redactor) -> Adopted | None:
     """The spans of one trace (none of them stepfork's) with every span an adapter reads made
-    a call and each local root above one made its run; None when the trace holds no such span.
-    Other spans are kept as they are (the conversion keeps them as context)."""
+    a call and each local root above one made its run -- a call with no parent gets a run made
+    around it; None when the trace holds no such span. Other spans are kept as they are (the
+    conversion keeps them as context)."""
     adapters = {s.span_id: a for s in spans if (a := _adapter(s)) is not None}
     if not adapters:
         return None
@@ -133,29 +136,51 @@ def adopt(spans: Sequence[SpanRecord], redactor: Redactor) -> Adopted | None:
                 made[span.span_id] = make(span, n, redactor, notes)
         except Exception as exc:  # one hostile span never stops the rest of the trace
             notes.append(
-                f"{where(span, n)}: not read as a call ({type(exc).__name__}); kept as context"
+                f"{where(span, n, redactor)}: not read as a call ({type(exc).__name__}); "
+                "kept as context"
             )
-    roots = [s for s in spans if s.parent_span_id is None or s.parent_span_id not in parent_of]
-    runs = {
-        r.span_id
-        for r in roots
-        if r.span_id not in made
-        and not made.keys().isdisjoint(grouping.subtree(parent_of, r.span_id))
-    }
+    root_of = grouping.local_roots(parent_of)
+    runs = {root for i in made if (root := root_of.get(i)) is not None and root not in made}
+    # a call that is the trace's root (the agent opened no span of its own) gets a run made
+    # around it: its bundle too says where it came from and which tools ran untraced
+    taken = set(parent_of)
+    around = {i: _run_around(by_id[i], taken) for i in made if by_id[i].parent_span_id is None}
     conventions = list(dict.fromkeys(convention_of(by_id[i]) for i in made))
     untraced = _untraced_tools(list(made.values()))
+
+    def run(span: SpanRecord) -> SpanRecord:
+        made_run = run_record(span, redactor, created_by(conventions or [GENAI]))
+        if not untraced:
+            return made_run
+        return replace(
+            made_run, attributes={**made_run.attributes, k.IMPORT_UNTRACED_TOOLS: untraced}
+        )
+
     records = []
     for s in spans:
-        if s.span_id in made:
+        if s.span_id in around:
+            records.append(run(around[s.span_id]))
+            records.append(replace(made[s.span_id], parent_span_id=around[s.span_id].span_id))
+        elif s.span_id in made:
             records.append(made[s.span_id])
         elif s.span_id in runs:
-            run = run_record(s, redactor, created_by(conventions or [GENAI]))
-            if untraced:
-                run = replace(run, attributes={**run.attributes, k.IMPORT_UNTRACED_TOOLS: untraced})
-            records.append(run)
+            records.append(run(s))
         else:
             records.append(s)
     return Adopted(records, notes)
+
+
+def _run_around(call: SpanRecord, taken: set[str]) -> SpanRecord:
+    """The span of the run made around a call that is the trace's root: the call's name, times
+    and status, nothing of its content, and a span id of its own -- derived from the call's, so
+    the same spans give the same bundle, and none of the trace's (``taken``, which it joins)."""
+    n = 0
+    while (
+        span_id := hashlib.sha256(f"run of {call.span_id} {n}".encode()).hexdigest()[:16]
+    ) in taken:
+        n += 1
+    taken.add(span_id)
+    return replace(call, span_id=span_id, kind="INTERNAL", attributes={}, payloads={})
 
 
 def _untraced_tools(calls: list[SpanRecord]) -> list[str]:

@@ -61,10 +61,10 @@ def token_count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def where(span: SpanRecord, n: int) -> str:
-    """How a note names a call: its span, its name (redacted by the caller's note text only
-    through ids: span names of LLM spans are the instrumentation's) and its place."""
-    return f"span {span.span_id} ({span.name[:60]}, call {n} of the trace)"
+def where(span: SpanRecord, n: int, redactor: Redactor) -> str:
+    """How a note names a call: its span, its name (redacted, as the bundle holds span names:
+    they may embed credentials) and its place."""
+    return f"span {span.span_id} ({redactor.redact_text(span.name)[:60]}, call {n} of the trace)"
 
 
 @dataclass
@@ -208,7 +208,8 @@ def indexed_messages(
     """Messages flattened into one attribute per field (OpenLLMetry's ``gen_ai.prompt.N.*``,
     OpenInference's ``llm.input_messages.N.message.*``), by index. ``key`` matches an attribute
     as ``(family, index, field)``; a field that ``call`` matches as ``(tool call index, name)``
-    goes to the message's ``calls``, one ``text`` matches as ``(part index,)`` to its ``texts``."""
+    goes to the message's ``calls`` (by the name's last part: ``function.name`` is ``name``),
+    one ``text`` matches as ``(part index,)`` to its ``texts``."""
     found: dict[int, dict[str, Any]] = {}
     for name, value in attrs.items():
         match = key.match(name)
@@ -218,9 +219,107 @@ def indexed_messages(
         tool = call.match(match[3])
         part = text.match(match[3]) if text is not None else None
         if tool is not None:
-            message.setdefault("calls", {}).setdefault(int(tool[1]), {})[tool[2]] = value
+            field_name = tool[2].rpartition(".")[2]
+            message.setdefault("calls", {}).setdefault(int(tool[1]), {})[field_name] = value
         elif part is not None:
             message.setdefault("texts", {})[int(part[1])] = value
         else:
             message[match[3]] = value
     return found
+
+
+@dataclass(frozen=True)
+class Flattened:
+    """Flattened messages read back (:func:`flattened_messages`)."""
+
+    messages: list[dict[str, Any]]
+    """GenAI messages: those of the run of consecutive indexes that ends with the last index,
+    from its first whole message (one with a role) on -- the tail of the conversation, which
+    can be compared. Empty: no whole message there."""
+    first: int
+    """The index of the first of them: how many messages before them are not kept."""
+    gap: int | None = None
+    """The index missing just before them when lower indexes are on the span: a hole, which no
+    attribute limit makes (the count limit evicts the lowest indexes first, leaving none).
+    None: the messages before them are simply not on the span (evicted)."""
+
+    def not_kept(self, attribute: str, noun: str = "message") -> str:
+        """What a note says of the messages before the kept ones (``attribute``: how the
+        convention names message N, with ``{}`` for N; ``noun``: what a message is)."""
+        if self.gap is None:
+            return f"the first {self.first} {noun}(s) are not on the span {EVICTED}"
+        return (
+            f"{attribute.format(self.gap)} is not on the span (a gap in the message indexes, "
+            f"which no attribute limit makes): the first {self.first} {noun}(s) are left out"
+        )
+
+
+def flattened_messages(
+    found: Mapping[int, Mapping[str, Any]],
+    *,
+    json_content: bool = False,
+    finish_reason: bool = False,
+) -> Flattened:
+    """The messages :func:`indexed_messages` found, as GenAI messages: only the indexes on the
+    span are visited (a hostile index such as ``2000000`` costs one message, not millions).
+    ``json_content``: a ``content`` that is JSON text of content parts holds those parts
+    (OpenLLMetry's releases that write list content so); ``finish_reason``: output messages,
+    which keep theirs."""
+    indexes = sorted(found)
+    if not indexes:
+        return Flattened([], 0)
+    start = len(indexes) - 1
+    while start > 0 and indexes[start - 1] == indexes[start] - 1:
+        start -= 1
+    block = indexes[start:]
+    gap = block[0] - 1 if start > 0 else None
+    whole = next((n for n, i in enumerate(block) if isinstance(found[i].get("role"), str)), None)
+    if whole is None:
+        return Flattened([], block[-1] + 1, gap)
+    messages = []
+    for index in block[whole:]:
+        message = found[index]
+        built: dict[str, Any] = {
+            "role": message.get("role"),
+            "parts": _flattened_parts(message, json_content),
+        }
+        if finish_reason and isinstance(message.get("finish_reason"), str):
+            built["finish_reason"] = message["finish_reason"]
+        messages.append(built)
+    return Flattened(messages, block[whole], gap)
+
+
+def _flattened_parts(message: Mapping[str, Any], json_content: bool) -> list[dict[str, Any]]:
+    if message.get("role") == "tool":
+        return [
+            {
+                "type": "tool_call_response",
+                "id": message.get("tool_call_id"),
+                "response": message.get("content"),
+            }
+        ]
+    parts: list[dict[str, Any]] = []
+    content = message.get("content")
+    structured = json_value(content) if json_content else None
+    if isinstance(structured, list):
+        for part in structured:
+            if isinstance(part, dict) and part.get("type") == "text":
+                parts.append({"type": "text", "content": part.get("text")})
+    elif isinstance(content, str):
+        parts.append({"type": "text", "content": content})
+    texts = message.get("texts")
+    if isinstance(texts, dict):
+        parts += [
+            {"type": "text", "content": t} for _, t in sorted(texts.items()) if isinstance(t, str)
+        ]
+    calls = message.get("calls")
+    for _, call in sorted(calls.items()) if isinstance(calls, dict) else ():
+        parts.append(
+            {
+                "type": "tool_call",
+                "id": call.get("id"),
+                "name": call.get("name"),
+                "arguments": call.get("arguments"),
+            }
+        )
+    return parts

@@ -14,7 +14,8 @@ request *form* (``trace/foreign_request.py``, fidelity ``messages-only``), match
 span held, the rest listed per call as unchecked; its response is rebuilt for the SDK from the
 output messages (``trace/foreign_responses.py``). A span whose early flattened prompt
 attributes were evicted by the attribute count limit keeps the tail of the conversation
-(fidelity ``truncated``: the last messages are compared).
+(fidelity ``truncated``: the last messages are compared); a gap in the indexes is read the same
+way, the messages after it being the tail (``foreign_calls.flattened_messages``).
 
 Streams: logfire ends the request span when the stream opens and writes the merged message on a
 second span ("streaming response from ...") under the same parent: the two are one call. Every
@@ -35,8 +36,10 @@ from typing import Any
 from stepfork_otel import constants as k
 from stepfork_otel.trace.conversion import SpanRecord
 from stepfork_otel.trace.foreign_calls import (
+    Flattened,
     ImportedLlm,
     first_str,
+    flattened_messages,
     indexed_messages,
     json_object,
     json_value,
@@ -103,73 +106,31 @@ def is_tool(span: SpanRecord) -> bool:
 # --- messages ---------------------------------------------------------------------------------
 
 
-def _indexed(attrs: Mapping[str, Any], family: str) -> dict[int, dict[str, Any]]:
+def _flattened(attrs: Mapping[str, Any], family: str) -> Flattened | None:
     """OpenLLMetry's flattened messages (``gen_ai.prompt.N.role``, ``.content``,
-    ``.tool_call_id``, ``.finish_reason``, ``.tool_calls.M.name``/``id``/``arguments``)."""
-    return indexed_messages(attrs, family, _INDEXED, _INDEXED_CALL)
+    ``.tool_call_id``, ``.finish_reason``, ``.tool_calls.M.name``/``id``/``arguments``); None
+    when the span has none."""
+    found = indexed_messages(attrs, family, _INDEXED, _INDEXED_CALL)
+    if not found:
+        return None
+    return flattened_messages(found, json_content=True, finish_reason=family == "completion")
 
 
-def _flattened_parts(message: Mapping[str, Any]) -> list[dict[str, Any]]:
-    if message.get("role") == "tool":
-        return [
-            {
-                "type": "tool_call_response",
-                "id": message.get("tool_call_id"),
-                "response": message.get("content"),
-            }
-        ]
-    parts: list[dict[str, Any]] = []
-    content = message.get("content")
-    if isinstance(content, str):
-        structured = json_value(content)  # some releases write content parts as JSON text
-        if isinstance(structured, list):
-            parts += [
-                {"type": "text", "content": as_dict(p).get("text")}
-                for p in structured
-                if as_dict(p).get("type") == "text"
-            ]
-        else:
-            parts.append({"type": "text", "content": content})
-    for _, call in sorted(as_dict(message.get("calls")).items()):
-        parts.append(
-            {
-                "type": "tool_call",
-                **{key: call.get(key) for key in ("id", "name")},
-                "arguments": call.get("arguments"),
-            }
-        )
-    return parts
-
-
-def _flattened(
-    indexed: Mapping[int, Mapping[str, Any]], output: bool
-) -> tuple[list[dict[str, Any]], int]:
-    """The flattened messages as GenAI messages, and how many of the first were lost (the
-    attribute limit evicts the lowest indexes first)."""
-    if not indexed:
-        return [], 0
-    first = min(indexed)
-    messages = []
-    for index in range(first, max(indexed) + 1):
-        message = indexed.get(index, {})
-        built: dict[str, Any] = {"role": message.get("role"), "parts": _flattened_parts(message)}
-        if output and isinstance(message.get("finish_reason"), str):
-            built["finish_reason"] = message["finish_reason"]
-        messages.append(built)
-    return messages, first
-
-
-def _messages(attrs: Mapping[str, Any], key: str, family: str) -> tuple[Any, int, bool]:
-    """``(messages, how many of the first were lost, held)`` -- ``held`` False: the span has
-    no such attribute at all; messages None: it has one that cannot be read."""
+def _messages(attrs: Mapping[str, Any], key: str, family: str) -> tuple[Any, Flattened | None, str]:
+    """``(messages, flattened, why)``: the messages (None: not on the span, or not readable --
+    ``why`` says which), and what the flattened attributes held when the span has those (they
+    may keep only the last messages)."""
     if key in attrs:
         value = json_value(attrs[key])
-        return (value if isinstance(value, list) else None), 0, True
-    indexed = _indexed(attrs, family)
-    if indexed:
-        messages, lost = _flattened(indexed, family == "completion")
-        return messages, lost, True
-    return None, 0, False
+        if isinstance(value, list):
+            return value, None, ""
+        return None, None, f"{key} is cut or not JSON {_CUT}"
+    flat = _flattened(attrs, family)
+    if flat is None:
+        return None, None, _CONTENT_OFF
+    if not flat.messages:
+        return None, flat, f"gen_ai.{family}.{flat.first - 1} is a message in part (no role)"
+    return flat.messages, flat, ""
 
 
 def _params(attrs: Mapping[str, Any]) -> dict[str, Any]:
@@ -232,19 +193,18 @@ def llm_call(
     """A GenAI chat span as the span of an ``instrument_openai()``/``instrument_anthropic()``
     call. ``output_from``: the span that holds its output (logfire's stream span)."""
     attrs = span.attributes
-    at = where(span, n)
+    at = where(span, n, redactor)
     provider = provider_of(attrs) or k.PROVIDER_OPENAI
     model = first_str(attrs, k.GEN_AI_REQUEST_MODEL) or ""
     call = ImportedLlm(provider, model, fidelity=k.FIDELITY_MESSAGES_ONLY)
     url = "responses" if span.name.startswith("Responses API") else _URLS[provider]
-    messages, lost, held = _messages(attrs, k.GEN_AI_INPUT_MESSAGES, "prompt")
+    messages, flat, why = _messages(attrs, k.GEN_AI_INPUT_MESSAGES, "prompt")
     system = json_value(attrs.get(k.GEN_AI_SYSTEM_INSTRUCTIONS))
     if messages is None:
-        why = _CONTENT_OFF if not held else f"gen_ai.input.messages is cut or not JSON {_CUT}"
         notes.append(f"{at}: input missing -- {why}; replay stops at this call")
     else:
         tail = None
-        if lost:
+        if flat is not None and flat.first:
             call.fidelity = k.FIDELITY_TRUNCATED
             tail = len(messages)
         form = request_form(
@@ -259,16 +219,18 @@ def llm_call(
         )
         call.request = form
         call.unchecked = unchecked(form)
-        if lost:
-            notes.append(
-                f"{at}: the first {lost} message(s) are not on the span (the attribute count "
-                "limit evicted them: raise OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT); the last "
-                f"{len(messages)} are compared"
-            )
+        if flat is not None and flat.first:
+            said = flat.not_kept("gen_ai.prompt.{}")
+            notes.append(f"{at}: {said}; the last {len(messages)} are compared")
     source = (output_from or span).attributes
     call.usage = _usage(source) or _usage(attrs)
     call.response_model = first_str(source, k.GEN_AI_RESPONSE_MODEL)
-    outputs, _, out_held = _messages(source, k.GEN_AI_OUTPUT_MESSAGES, "completion")
+    outputs, out_flat, why = _messages(source, k.GEN_AI_OUTPUT_MESSAGES, "completion")
+    if out_flat is not None and out_flat.first:  # a response of some of the choices: made up
+        outputs = None
+        why = out_flat.not_kept("gen_ai.completion.{}", "choice")
+    elif not outputs and out_flat is None and k.GEN_AI_OUTPUT_MESSAGES in source:
+        why = f"{k.GEN_AI_OUTPUT_MESSAGES} is cut, empty or not JSON {_CUT}"
     if span.status == "error" or (output_from is not None and output_from.status == "error"):
         error = first_str(attrs, k.ERROR_TYPE_SEMCONV) or "an error"
         notes.append(
@@ -276,11 +238,6 @@ def llm_call(
             "call"
         )
     elif not outputs:
-        why = (
-            _CONTENT_OFF
-            if not out_held
-            else f"gen_ai.output.messages is cut, empty or not JSON {_CUT}"
-        )
         notes.append(f"{at}: result missing -- {why}; replay stops at this call")
     elif url == "responses":
         notes.append(
@@ -317,7 +274,7 @@ def tool_call(span: SpanRecord, n: int, redactor: Redactor, notes: list[str]) ->
     arguments = json_object(raw)
     if arguments is None:
         why = _CONTENT_OFF if raw is None else "gen_ai.tool.call.arguments is not a JSON object"
-        notes.append(f"{where(span, n)}: tool {name!r}: arguments missing -- {why}")
+        notes.append(f"{where(span, n, redactor)}: tool {name!r}: arguments missing -- {why}")
     output = attrs.get(k.GEN_AI_TOOL_CALL_RESULT)
     result = json_value(output)
     if result is None:
@@ -326,7 +283,7 @@ def tool_call(span: SpanRecord, n: int, redactor: Redactor, notes: list[str]) ->
     if span.status == "error":
         failed = (first_str(attrs, k.ERROR_TYPE_SEMCONV) or "Exception", "the tool raised")
     elif result is None:
-        notes.append(f"{where(span, n)}: tool {name!r}: result missing -- {_CONTENT_OFF}")
+        notes.append(f"{where(span, n, redactor)}: tool {name!r}: result missing -- {_CONTENT_OFF}")
     return tool_record(span, name, arguments, result, redactor, failed=failed)
 
 
@@ -353,7 +310,7 @@ def stream_outputs(calls: Sequence[SpanRecord]) -> dict[str, SpanRecord]:
 
 def called_tools(records: Sequence[SpanRecord]) -> list[str]:
     """The names of the tools the model called in ``records`` (their output messages)."""
-    names: list[str] = []
+    names: dict[str, None] = {}  # (in the order they were called, once each)
     for span in records:
         if not span.payloads.get(k.OUTPUT):
             continue
@@ -361,11 +318,10 @@ def called_tools(records: Sequence[SpanRecord]) -> list[str]:
         for choice in as_list(body.get("choices")):
             for call in as_list(as_dict(as_dict(choice).get("message")).get("tool_calls")):
                 name = as_dict(as_dict(call).get("function")).get("name")
-                if isinstance(name, str) and name not in names:
-                    names.append(name)
+                if isinstance(name, str):
+                    names[name] = None
         for block in as_list(body.get("content")):
             name = as_dict(block).get("name")
-            tool_use = as_dict(block).get("type") == "tool_use"
-            if tool_use and isinstance(name, str) and name not in names:
-                names.append(name)
-    return names
+            if as_dict(block).get("type") == "tool_use" and isinstance(name, str):
+                names[name] = None
+    return list(names)

@@ -29,7 +29,9 @@ from stepfork_otel import constants as k
 from stepfork_otel.trace.conversion import SpanRecord
 from stepfork_otel.trace.foreign_calls import (
     EVICTED,
+    Flattened,
     ImportedLlm,
+    flattened_messages,
     indexed_messages,
     json_object,
     json_value,
@@ -90,18 +92,20 @@ def llm_call(
 ) -> SpanRecord:
     """An OpenInference OpenAI span as the span of an ``instrument_openai()`` call."""
     attrs = span.attributes
-    at = where(span, n)
+    at = where(span, n, redactor)
     raw_input = attrs.get(k.INPUT_VALUE)
     body = json_object(raw_input)
     if body is not None and _BODY_FIELD[url] not in body:
         body = None
     call = ImportedLlm(k.PROVIDER_OPENAI, _model(attrs, body))
-    kept, lost = _flattened(attrs, "input") if raw_input is None else ([], 0)
-    if body is None and kept and url == "chat/completions":
-        _tail(call, attrs, url, kept, lost)
+    flat = _flattened(attrs, "input") if raw_input is None else Flattened([], 0)
+    if body is None and flat.messages and url == "chat/completions":
+        _tail(call, attrs, url, flat.messages, flat.first)
+        gap = "" if flat.gap is None else f"; {flat.not_kept(_INPUT_NAME)}"
         notes.append(
-            f"{at}: input.value is not on the span {EVICTED}; the last {len(kept)} messages, "
-            f"from its per-message attributes, are compared (fidelity {call.fidelity})"
+            f"{at}: input.value is not on the span {EVICTED}{gap}; the last "
+            f"{len(flat.messages)} messages, from its per-message attributes, are compared "
+            f"(fidelity {call.fidelity})"
         )
     elif body is None:
         why = (
@@ -120,13 +124,15 @@ def llm_call(
         if count is not None:
             call.usage[name] = count
     response = json_object(attrs.get(k.OUTPUT_VALUE))
+    evicted = response is None and k.OUTPUT_VALUE not in attrs
+    out = _flattened(attrs, "output") if evicted else Flattened([], 0)
+    outputs = out.messages if not out.first else []  # (a response of some choices: made up)
     if span.status == "error":
         notes.append(
             f"{at}: the call failed; OpenInference keeps no response of a failed call "
             "(only its exception event); replay stops at this call"
         )
-    elif response is None and k.OUTPUT_VALUE not in attrs and _flattened(attrs, "output")[0]:
-        outputs = _flattened(attrs, "output")[0]
+    elif outputs:
         reason = attrs.get(k.OI_FINISH_REASON)
         if isinstance(reason, str):
             outputs[0]["finish_reason"] = reason
@@ -146,9 +152,11 @@ def llm_call(
     elif response is None:
         why = (
             f"output.value is not on the span {EVICTED}"
-            if k.OUTPUT_VALUE not in attrs
+            if evicted
             else "output.value is not a JSON response body"
         )
+        if out.first:
+            why += f"; of its per-message attributes, {out.not_kept(_OUTPUT_NAME, 'choice')}"
         notes.append(f"{at}: result missing -- {why}; replay stops at this call")
     else:
         model_out = response.get("model")
@@ -160,49 +168,17 @@ def llm_call(
 _FLAT = re.compile(r"^llm\.(input|output)_messages\.(\d+)\.message\.(.+)$")
 _FLAT_CALL = re.compile(r"^tool_calls\.(\d+)\.tool_call\.(id|function\.name|function\.arguments)$")
 _FLAT_TEXT = re.compile(r"^contents\.(\d+)\.message_content\.text$")
+#: How the notes name message N.
+_INPUT_NAME, _OUTPUT_NAME = "llm.input_messages.{}", "llm.output_messages.{}"
 
 
-def _flattened(attrs: Mapping[str, Any], family: str) -> tuple[list[dict[str, Any]], int]:
+def _flattened(attrs: Mapping[str, Any], family: str) -> Flattened:
     """OpenInference's per-message attributes (``llm.input_messages.N.message.role``,
     ``.content``, ``.contents.M.message_content.text``, ``.tool_call_id``,
-    ``.tool_calls.M.tool_call.id``/``.function.name``/``.function.arguments``) as GenAI messages,
-    from the first whole one on, and the index of that one (the attribute limit evicts the
-    oldest: the messages before it, and part of it, are lost)."""
-    found = indexed_messages(attrs, family, _FLAT, _FLAT_CALL, _FLAT_TEXT)
-    whole = sorted(i for i, m in found.items() if isinstance(m.get("role"), str))
-    if not whole:
-        return [], 0
-    first = whole[0]
-    messages = []
-    for index in range(first, max(found) + 1):
-        message = found.get(index, {})
-        role = message.get("role")
-        parts: list[dict[str, Any]] = []
-        if role == "tool":
-            parts.append(
-                {
-                    "type": "tool_call_response",
-                    "id": message.get("tool_call_id"),
-                    "response": message.get("content"),
-                }
-            )
-        else:
-            texts = [
-                message.get("content"),
-                *(t for _, t in sorted(message.get("texts", {}).items())),
-            ]
-            parts += [{"type": "text", "content": t} for t in texts if isinstance(t, str)]
-            for _, tool in sorted(message.get("calls", {}).items()):
-                parts.append(
-                    {
-                        "type": "tool_call",
-                        "id": tool.get("id"),
-                        "name": tool.get("function.name"),
-                        "arguments": tool.get("function.arguments"),
-                    }
-                )
-        messages.append({"role": role, "parts": parts})
-    return messages, first
+    ``.tool_calls.M.tool_call.id``/``.function.name``/``.function.arguments``) as GenAI messages:
+    the last ones, from the first whole one on (the attribute limit evicts the oldest: the
+    messages before it, and part of it, are lost)."""
+    return flattened_messages(indexed_messages(attrs, family, _FLAT, _FLAT_CALL, _FLAT_TEXT))
 
 
 def _tail(
@@ -234,7 +210,7 @@ def tool_call(span: SpanRecord, n: int, redactor: Redactor, notes: list[str]) ->
     arguments = json_object(raw)
     if arguments is None:
         notes.append(
-            f"{where(span, n)}: tool {name!r}: arguments missing -- input.value is "
+            f"{where(span, n, redactor)}: tool {name!r}: arguments missing -- input.value is "
             + ("not on the span" if raw is None else "not a JSON object")
             + "; replay stops at this call"
         )

@@ -46,9 +46,11 @@ SSE_HEADERS: Mapping[str, str] = {"content-type": "text/event-stream"}
 
 
 def _text(parts: Sequence[Any]) -> str | None:
-    texts = [p["content"] for p in map(as_dict, parts) if p.get("type") == "text"]
-    joined = "".join(t for t in texts if isinstance(t, str))
-    return joined if texts else None
+    """The text of the parts (None: no text part holds text; a part without any is skipped, as
+    :func:`anthropic_message` skips it)."""
+    texts = [p.get("content") for p in map(as_dict, parts) if p.get("type") == "text"]
+    kept = [t for t in texts if isinstance(t, str)]
+    return "".join(kept) if kept else None
 
 
 def _calls(parts: Sequence[Any]) -> list[dict[str, Any]]:

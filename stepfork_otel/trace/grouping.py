@@ -16,6 +16,7 @@ span: its parent and its ``stepfork.kind``. Span ids are whatever the caller use
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import TypeVar
 
 from stepfork_otel import constants as k
@@ -37,6 +38,41 @@ def subtree(parent_of: Mapping[T, T | None], root: T) -> set[T]:
                 found.add(child)
                 stack.append(child)
     return found
+
+
+def local_roots(parent_of: Mapping[T, T | None], roots: AbstractSet[T] | None = None) -> dict[T, T]:
+    """Each id -> the root at or above it: the nearest of ``roots``, or (None) the local root its
+    parent chain ends at (an id with no parent, or whose parent is not in ``parent_of``). That
+    is :func:`subtree` of every root at once, in one pass over the spans: time and memory linear
+    in their number, however many roots or however deep. Ids that reach no root -- on a cycle of
+    hostile parent links, or under one -- are left out."""
+    root_of: dict[T, T] = {}
+    lost: set[T] = set()  # reach no root
+    for start in parent_of:
+        chain: list[T] = []
+        on_chain: set[T] = set()
+        node = start
+        root: T | None = None
+        while node not in root_of and node not in lost:
+            if node in on_chain:  # a cycle
+                break
+            chain.append(node)
+            on_chain.add(node)
+            if roots is not None and node in roots:
+                root = node
+                break
+            parent = parent_of[node]
+            if parent is None or parent not in parent_of:
+                root = node if roots is None else None
+                break
+            node = parent
+        else:
+            root = root_of.get(node)
+        if root is None:
+            lost.update(chain)
+        else:
+            root_of.update(dict.fromkeys(chain, root))
+    return root_of
 
 
 def enclosing_run(
@@ -68,8 +104,6 @@ def calls_outside_runs(
 ) -> set[T]:
     """The spans outside the subtrees of ``runs`` -- the bundle of calls outside runs -- or an
     empty set when no boundary call is among them."""
-    inside: set[T] = set()
-    for run in runs:
-        inside |= subtree(parent_of, run)
+    inside = local_roots(parent_of, set(runs))
     rest = {i for i in kind_of if i not in inside}
     return rest if any(kind_of.get(i) in k.BOUNDARY_KINDS for i in rest) else set()

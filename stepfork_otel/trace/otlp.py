@@ -56,9 +56,11 @@ is not OTLP trace data, is skipped with a :class:`ImportProblem` naming ``file:l
 ids can still be read in a damaged line are marked incomplete (their bundle says so, with the
 reason); an unreadable line that names no trace id could have held spans of any trace, so it marks
 every run of the import incomplete (the first pass finds such lines, before anything is emitted).
-Traces without any stepfork span are not bundles: they are ignored and counted -- unless another
-instrumentation's spans in them hold calls replay can serve (OpenInference's OpenAI spans, read by
-:mod:`stepfork_otel.trace.foreign` into the same span records before the one conversion).
+A trace without any stepfork span is handed to the readers of other instrumentations' spans
+(:mod:`stepfork_otel.trace.foreign`: OpenInference, the OpenTelemetry GenAI conventions, logfire,
+OpenLLMetry), which make the calls they recognise into the same span records before the one
+conversion; a trace that neither stepfork's spans nor any of those readers can use is not a
+bundle: it is ignored and counted.
 """
 
 from __future__ import annotations
@@ -168,7 +170,9 @@ class ImportReport:
     traces: int = 0
     """Bundles emitted: one per recorded run (a trace may hold several runs)."""
     ignored_traces: int = 0
-    """Traces without any stepfork span (not a recorded run): not imported."""
+    """Traces holding neither a stepfork span nor a call that a reader of another
+    instrumentation's spans recognises (:mod:`~stepfork_otel.trace.foreign`): nothing to
+    import."""
     ignored_spans: int = 0
     """Spans of the ignored traces."""
     other_signals: int = 0
@@ -941,7 +945,7 @@ class _Assembler:
             self._problem(
                 where,
                 f"{len(calls)} calls outside the recorded run(s) were not imported "
-                f"(first: {calls[0].name!r})",
+                f"(first: {self.redactor.redact_text(calls[0].name)!r})",
             )
         traces: list[Trace] = []
         # one bundle per top-level run, as the processor writes them; a trace holding no run
@@ -949,17 +953,23 @@ class _Assembler:
         # processor with a directory writes for each local root, or call outside any span)
         roots: list[SpanRecord | None] = list(runs) or list(_tops_with_calls(records, local))
         roots = roots or [None]
+        # each bundle is handed its own spans (all of them, one bundle): one pass, not one per root
+        bundle_of = grouping.local_roots(parents, {r.span_id for r in roots if r is not None})
+        spans_of: dict[str | None, list[SpanRecord]] = {}
+        for span in records:
+            spans_of.setdefault(bundle_of.get(span.span_id), []).append(span)
         for root in roots:
             orphan = next((s for s in orphans if _within(s, root)), None)
             why = reason  # (a lost line is the likelier cause of a missing span: said first)
             if orphan is not None and why is None:
                 why = (
-                    f"span {orphan.parent_span_id}, which {orphan.name!r} was made in, never "
+                    f"span {orphan.parent_span_id}, which "
+                    f"{self.redactor.redact_text(orphan.name)!r} was made in, never "
                     "arrived (spans under it may be missing)"
                 )
             try:
                 trace = spans_to_trace(
-                    records,
+                    records if root is None else spans_of[root.span_id],
                     redactor=self.redactor,
                     complete=why is None,
                     incomplete_reason=why,
@@ -994,22 +1004,17 @@ def _tops_with_calls(records: list[SpanRecord], local: set[str]) -> list[SpanRec
     one bundle each, as the processor writes them. Empty when some call hangs under none of
     them (its parent, in the same process, never arrived: the trace is then one bundle, said
     incomplete). ``local``: the spans whose OTLP flags say their parent is in their process."""
-    ids = {s.span_id for s in records}
     parents, kinds = parents_and_kinds(records)
-    tops = [
-        s
+    tops = {
+        s.span_id: s
         for s in records
-        if s.parent_span_id is None or (s.parent_span_id not in ids and s.span_id not in local)
-    ]
-    found: list[SpanRecord] = []
-    covered: set[str] = set()
-    for top in sorted(tops, key=call_order):
-        under = grouping.subtree(parents, top.span_id)
-        if any(kinds.get(i) in k.BOUNDARY_KINDS for i in under):
-            found.append(top)
-            covered |= under
-    calls = {i for i, kind in kinds.items() if kind in k.BOUNDARY_KINDS}
-    return found if calls <= covered else []
+        if s.parent_span_id is None or (s.parent_span_id not in parents and s.span_id not in local)
+    }
+    root_of = grouping.local_roots(parents)
+    holding = {root_of.get(i) for i, kind in kinds.items() if kind in k.BOUNDARY_KINDS}
+    if not all(top in tops for top in holding):  # (None: a call under a cycle)
+        return []
+    return sorted((tops[i] for i in holding if i is not None), key=call_order)
 
 
 def _read_sources(sources: list[_Source], report: ImportReport) -> Iterator[_Record]:
@@ -1079,8 +1084,8 @@ def _one_trace(
     traces = assembler.finish(trace_id)
     if not traces and report.ignored_traces > ignored:
         raise OtlpImportError(
-            f"trace {trace_id} in {where} has no stepfork spans ({spans} other spans): "
-            "it is not a recorded run"
+            f"trace {trace_id} in {where} holds no stepfork spans and no calls of an "
+            f"instrumentation the importer reads ({spans} spans): nothing to import"
         )
     return traces
 
