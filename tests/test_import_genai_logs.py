@@ -169,6 +169,22 @@ def _two(run: Traced) -> bool:
     return run.spans.with_name("logs.jsonl").exists()
 
 
+def test_log_records_in_an_otlp_http_request_body_are_read_too(
+    one_file: Traced, tmp_path: Path
+) -> None:
+    """A ``/v1/logs`` body (one JSON object, pretty-printed) given beside the spans."""
+    lines = _lines(one_file)
+    batches = [orjson.loads(line)["resourceLogs"] for line in lines if _is_log(line)]
+    body = tmp_path / "logs.json"
+    body.write_text(json.dumps({"resourceLogs": [r for b in batches for r in b]}, indent=2))
+    spans = tmp_path / "spans.jsonl"
+    spans.write_bytes(b"".join(line for line in lines if not _is_log(line)))
+    report = ImportReport()
+    (trace,) = iter_traces_from_otlp_json([spans, body], report=report)
+    assert (report.genai_log_records, report.problems) == (2, [])
+    assert [c.input for c in trace.calls] == [c.input for c in Trace.load(one_file.bundle).calls]
+
+
 def _base64_ids(line: bytes) -> bytes:
     data = orjson.loads(line)
     for record in _records(data):
