@@ -149,6 +149,12 @@ GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
 GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
 GEN_AI_SYSTEM_INSTRUCTIONS: Final = "gen_ai.system_instructions"
 GEN_AI_TOOL_DEFINITIONS: Final = "gen_ai.tool.definitions"
+#: The log record (event) in which opentelemetry-util-genai puts a call's content when it is not
+#: on the span (``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=EVENT_ONLY``, the default of
+#: openai-v2's newer releases): ``stepfork import`` joins it to its span by its trace and span id.
+GEN_AI_DETAILS_EVENT: Final = "gen_ai.client.inference.operation.details"
+#: The older SDK events API wrote an event's name as this log record attribute.
+EVENT_NAME_ATTRIBUTE: Final = "event.name"
 GEN_AI_TOOL_DESCRIPTION: Final = "gen_ai.tool.description"
 GEN_AI_TOOL_TYPE: Final = "gen_ai.tool.type"
 #: The provider in older releases of the conventions (read from other instrumentations' spans).

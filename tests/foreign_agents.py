@@ -3,7 +3,11 @@
 ``python tests/foreign_agents.py trace INSTRUMENTATION AGENT WHERE OUT.json URL PROMPT``: the
 agent runs against the fake server traced ONLY by INSTRUMENTATION (no stepfork instrumentation,
 no ``record``): ``openinference`` (``openinference-instrumentation-openai``), ``openai-v2``
-(``opentelemetry-instrumentation-openai-v2`` with content on the span), ``logfire``
+(``opentelemetry-instrumentation-openai-v2`` with content on the span), ``openai-v2-events``
+(the same with ``EVENT_ONLY``: the content in ``gen_ai.client.inference.operation.details`` log
+records, written to WHERE among the spans' lines (each call's record before its span's line), as
+the collector's file exporter writes them) or
+``openai-v2-events-apart`` (those log records in ``logs.jsonl`` beside WHERE), ``logfire``
 (``logfire.instrument_openai()``, ``send_to_logfire=False``) or ``openllmetry``
 (``opentelemetry-instrumentation-openai``, when installed), ``pydantic-ai`` (the framework's
 own instrumentation) or ``openinference-pydantic-ai`` (the same, rewritten by
@@ -177,6 +181,42 @@ def weather_agent(url: str, prompt: str, agent: str = "weather") -> str:
 # --- tracing with another instrumentation ------------------------------------------------------
 
 
+def _log_exporter(path: Path) -> Any:
+    """Log records as the collector's file exporter writes them (``format: json``): one
+    ``LogsData`` line per batch, encoded by the OTLP exporter's own encoder and mapped to JSON as
+    ``OtlpJsonFileExporter`` maps spans (protobuf's mapping, enums as numbers, ids as hex)."""
+    import base64
+
+    import orjson
+    from google.protobuf import json_format
+    from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
+    from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
+
+    class OtlpJsonLogFileExporter(LogRecordExporter):
+        def __init__(self) -> None:
+            self.handle = path.open("ab")
+
+        def export(self, batch: Any) -> LogRecordExportResult:
+            data = json_format.MessageToDict(encode_logs(batch), use_integers_for_enums=True)
+            for resource in data.get("resourceLogs", []):
+                for scope in resource.get("scopeLogs", []):
+                    for record in scope.get("logRecords", []):
+                        for key in ("traceId", "spanId"):
+                            if key in record:
+                                record[key] = base64.b64decode(record[key]).hex()
+            self.handle.write(orjson.dumps(data) + b"\n")
+            self.handle.flush()
+            return LogRecordExportResult.SUCCESS
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return True
+
+        def shutdown(self) -> None:
+            self.handle.close()
+
+    return OtlpJsonLogFileExporter()
+
+
 def _exporter(where: str) -> Any:
     if where.startswith("http://"):
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -222,6 +262,25 @@ def _trace(instrumentation: str, agent: str, where: str, url: str, prompt: str) 
         from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor as V2
 
         V2().instrument(tracer_provider=provider)
+    elif instrumentation in ("openai-v2-events", "openai-v2-events-apart"):
+        # content in log records only, the setting that keeps it off spans
+        os.environ["OTEL_SEMCONV_STABILITY_OPT_IN"] = "gen_ai_latest_experimental"
+        os.environ["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"] = "EVENT_ONLY"
+        from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor as V2
+        from opentelemetry.sdk._logs import LoggerProvider
+        from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+
+        logs = Path(where)
+        if instrumentation.endswith("-apart"):
+            logs = logs.with_name("logs.jsonl")
+        logger_provider = LoggerProvider()
+        logger_provider.add_log_record_processor(SimpleLogRecordProcessor(_log_exporter(logs)))
+        V2().instrument(tracer_provider=provider, logger_provider=logger_provider)
+        with provider.get_tracer("weather-app").start_as_current_span("weather-agent"):
+            answer = weather_agent(url, prompt, agent)
+        provider.shutdown()
+        logger_provider.shutdown()
+        return {"answer": answer}
     elif instrumentation in ("pydantic-ai", "openinference-pydantic-ai"):
         # the framework's own GenAI spans, tools included (OpenInference's processor adds its
         # attributes to them)

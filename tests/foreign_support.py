@@ -71,7 +71,8 @@ class Traced:
     """What the agent did: its answer, the tools it ran, the (now stopped) server's URL."""
     bundle: Path
     imported: str
-    """What ``stepfork import spans.jsonl -o bundles`` printed (run where the spans are)."""
+    """What ``stepfork import spans.jsonl [logs.jsonl] -o bundles`` printed (run where the spans
+    are; ``logs.jsonl`` when the agent wrote its log records apart)."""
     instrumentation: str
     agent: str
     spans: Path
@@ -100,7 +101,8 @@ def traced(
     assert served == 2  # a tool call, then the answer
     assert live["answer"] == ANSWERS[agent]
     assert live["tool_ran"] == ["Paris"]
-    done = stepfork("import", "spans.jsonl", "-o", "bundles", cwd=directory)
+    files = ["spans.jsonl", *(["logs.jsonl"] if (directory / "logs.jsonl").exists() else [])]
+    done = stepfork("import", *files, "-o", "bundles", cwd=directory)
     assert done.returncode == 0, done.stdout + done.stderr
     (bundle,) = (directory / "bundles").glob("*.sftrace")
     return Traced(live, bundle, done.stdout, instrumentation, agent, spans)

@@ -94,6 +94,7 @@ def test_import_json_says_what_the_lines_say(
         "ignored_traces": 0,
         "ignored_spans": 0,
         "other_signals": 0,
+        "genai_log_records": 0,
         "skipped_spans": 0,
         "base64_ids": False,
     }

@@ -35,6 +35,16 @@ def _traced(instrumentation: str, agent: str, module: str) -> Callable[[Path], P
     return bundle
 
 
+def _with_logs(instrumentation: str, module: str) -> Callable[[Path], Path]:
+    """Spans and log records in files, both given to the import."""
+
+    def bundle(directory: Path) -> Path:
+        installed(module)
+        return traced(directory, instrumentation).bundle
+
+    return bundle
+
+
 def _fixture(name: str) -> Callable[[Path], Path]:
     def bundle(directory: Path) -> Path:
         directory.mkdir(parents=True)
@@ -55,6 +65,10 @@ ROWS: list[tuple[str, Callable[[Path], Path]]] = [
     (
         "opentelemetry-instrumentation-openai-v2 (`SPAN_ONLY`)",
         _traced("openai-v2", "weather", "opentelemetry.instrumentation.openai_v2"),
+    ),
+    (
+        "opentelemetry-instrumentation-openai-v2 (`EVENT_ONLY`, its log records imported too)",
+        _with_logs("openai-v2-events-apart", "opentelemetry.instrumentation.openai_v2"),
     ),
     ("logfire `instrument_openai()`", _traced("logfire", "weather", "logfire")),
     ("OpenLLMetry 0.62 (recorded fixture)", _fixture("openllmetry/weather.jsonl")),

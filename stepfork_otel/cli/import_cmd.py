@@ -255,6 +255,7 @@ def _import_data(
             "ignored_traces": report.ignored_traces,
             "ignored_spans": report.ignored_spans,
             "other_signals": report.other_signals,
+            "genai_log_records": report.genai_log_records,
             "skipped_spans": report.skipped_spans,
             "base64_ids": report.base64_ids,
         },
@@ -275,6 +276,7 @@ def _print_summary(report: ImportReport, files: list[str], style: Style) -> None
             f"stepfork spans or calls of a known instrumentation ignored "
             f"({report.ignored_spans} spans)"
         )
+    parts += _log_records_part(report)
     if report.other_signals:
         parts.append(f"{report.other_signals} lines of logs/metrics skipped")
     if report.skipped_spans:
@@ -300,3 +302,11 @@ def _print_summary(report: ImportReport, files: list[str], style: Style) -> None
             print(style.line(f"  {problem}"))
         if len(report.problems) > _MAX_PROBLEMS_SHOWN:
             print(f"  … and {len(report.problems) - _MAX_PROBLEMS_SHOWN} more")
+
+
+def _log_records_part(report: ImportReport) -> list[str]:
+    """The GenAI log records whose content was joined to their spans (none: nothing said)."""
+    count = report.genai_log_records
+    if not count:
+        return []
+    return [f"{count} GenAI log record{'s' if count != 1 else ''} joined to their spans"]

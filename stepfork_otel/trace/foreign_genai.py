@@ -76,6 +76,12 @@ _INDEXED_CALL = re.compile(r"^tool_calls\.(\d+)\.(id|name|arguments)$")
 _URLS = {k.PROVIDER_OPENAI: "chat/completions", k.PROVIDER_ANTHROPIC: "messages"}
 _CUT = "(if an attribute value length limit cut it: raise OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT)"
 _CONTENT_OFF = (
+    "the span holds no messages and no gen_ai.client.inference.operation.details log record "
+    "of it was imported (capture is off, or the content went to log records: import their file "
+    "with the spans, or set OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY or the "
+    "instrumentation's own switch)"
+)
+_TOOL_CONTENT_OFF = (
     "the span holds no messages (content capture is off: set "
     "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY, or the instrumentation's own "
     "switch)"
@@ -273,7 +279,9 @@ def tool_call(span: SpanRecord, n: int, redactor: Redactor, notes: list[str]) ->
     raw = attrs.get(k.GEN_AI_TOOL_CALL_ARGUMENTS)
     arguments = json_object(raw)
     if arguments is None:
-        why = _CONTENT_OFF if raw is None else "gen_ai.tool.call.arguments is not a JSON object"
+        why = (
+            _TOOL_CONTENT_OFF if raw is None else "gen_ai.tool.call.arguments is not a JSON object"
+        )
         notes.append(f"{where(span, n, redactor)}: tool {name!r}: arguments missing -- {why}")
     output = attrs.get(k.GEN_AI_TOOL_CALL_RESULT)
     result = json_value(output)
@@ -283,7 +291,9 @@ def tool_call(span: SpanRecord, n: int, redactor: Redactor, notes: list[str]) ->
     if span.status == "error":
         failed = (first_str(attrs, k.ERROR_TYPE_SEMCONV) or "Exception", "the tool raised")
     elif result is None:
-        notes.append(f"{where(span, n, redactor)}: tool {name!r}: result missing -- {_CONTENT_OFF}")
+        notes.append(
+            f"{where(span, n, redactor)}: tool {name!r}: result missing -- {_TOOL_CONTENT_OFF}"
+        )
     return tool_record(span, name, arguments, result, redactor, failed=failed)
 
 

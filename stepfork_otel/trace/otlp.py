@@ -6,6 +6,21 @@ strings, ``kvlistValue``/``arrayValue`` attribute values -- and OTLP/HTTP JSON r
 file that is one JSON object, pretty-printed or not). Also accepted, because some tools write them:
 protobuf's own JSON mapping (base64 ids, enum names, snake_case field names) and gzip files.
 
+Log records, for one purpose: a GenAI instrumentation told to keep content off its spans
+(opentelemetry-util-genai's ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=EVENT_ONLY``, which
+openai-v2 uses) puts a call's messages in a log record,
+``gen_ai.client.inference.operation.details``, that carries the call span's trace and span id. Lines
+of ``resourceLogs`` (the same file as the spans, or another file of the same import; a ``/v1/logs``
+request body too) are read for those records: their content attributes (``gen_ai.input.messages``,
+``gen_ai.output.messages``, ``gen_ai.system_instructions``, ``gen_ai.tool.definitions``) are joined
+to their span as if they had been its attributes -- the span's own attribute wins where both hold
+one -- before the trace goes to :mod:`~stepfork_otel.trace.foreign`. Their values are structured
+(``arrayValue``/``kvlistValue``: util-genai writes lists of dicts on events, JSON text on spans) and
+are made the compact JSON text a span holds. The body (empty in util-genai's records) and the
+record's other attributes (the span has them) are not read. Every other log record is ignored and
+its line counted as skipped, as lines of metrics are; a record naming a span that never arrives is
+named as a problem.
+
 The one conversion
 ------------------
 Every span becomes a :class:`~stepfork_otel.trace.conversion.SpanRecord` (hex ids, attributes decoded
@@ -37,26 +52,35 @@ traces whose last span comes late. So the import reads its input twice:
 2. *Assemble.* The lines are parsed in order; each trace's spans are buffered, and the trace is
    converted and emitted as soon as its last line has been read; its buffer is then freed.
 
+Log records name their trace with the same ``"traceId"`` key, so the index counts a line of log
+records as a line of each trace it names: a trace is finished after its last span *or* log line,
+whichever comes later, in whatever file of the import, before or after its spans. A GenAI
+call-details record costs the index nothing more than a span does (its trace's entry, once per
+trace); what the second pass keeps of it until its trace is finished is its content attributes
+(the messages a ``SPAN_ONLY`` span would have held: the same bytes, counted with the spans in
+flight), keyed by trace and span id; every other log record is dropped as it is read.
+
 Memory is therefore bounded by the spans of the traces *in flight* (seen, last line not yet read)
-plus the largest single line (one batch), plus the index -- the one structure that grows with the
-number of traces: a dict of 16-byte trace ids during the first pass (about 250 bytes per trace at
-its end: 2.5 MB for 10,000 traces, 250 MB for a million), packed into 24 bytes per trace for the
-second. It is kept in memory instead of writing a sorted copy of the input to disk because it is
-small next to the spans themselves. A file in which every trace stays open until the end (e.g.
-every run span in the last line) needs memory for all of it: no streaming scheme can do better
-without such a sorted copy. The first pass remembers how many bytes each file had, so lines a
-collector appends between the passes are not read by the second. ``trace_id=`` needs no index:
-one pass keeps only that trace's spans.
+and the GenAI log content waiting for them, plus the largest single line (one batch), plus the index
+-- the one structure that grows with the number of traces: a dict of 16-byte trace ids during the
+first pass (about 250 bytes per trace at its end: 2.5 MB for 10,000 traces, 250 MB for a million),
+packed into 24 bytes per trace for the second. It is kept in memory instead of writing a sorted copy
+of the input to disk because it is small next to the spans themselves. A file in which every trace
+stays open until the end (e.g. every run span in the last line) needs memory for all of it: no
+streaming scheme can do better without such a sorted copy. The first pass remembers how many bytes
+each file had, so lines a collector appends between the passes are not read by the second.
+``trace_id=`` needs no index: one pass keeps only that trace's spans.
 
 Inputs that are not paths (text, bytes, a list of lines or parsed objects) are already in memory and
 are read from there; an iterator is materialised first, because it cannot be read twice.
 
 Bad input is reported, never silently dropped: a line that is truncated or is not JSON, or JSON that
-is not OTLP trace data, is skipped with a :class:`ImportProblem` naming ``file:line``; traces whose
-ids can still be read in a damaged line are marked incomplete (their bundle says so, with the
-reason); an unreadable line that names no trace id could have held spans of any trace, so it marks
-every run of the import incomplete (the first pass finds such lines, before anything is emitted).
-A trace without any stepfork span is handed to the readers of other instrumentations' spans
+is not OTLP trace data, is skipped with a :class:`ImportProblem` naming ``file:line`` (so is a GenAI
+call-details log record that cannot be read, or that names a span the input lacks); traces whose ids
+can still be read in a damaged line are marked incomplete (their bundle says so, with the reason);
+an unreadable line that names no trace id could have held spans of any trace, so it marks every run
+of the import incomplete (the first pass finds such lines, before anything is emitted). A trace
+without any stepfork span is handed to the readers of other instrumentations' spans
 (:mod:`stepfork_otel.trace.foreign`: OpenInference, the OpenTelemetry GenAI conventions, logfire,
 OpenLLMetry), which make the calls they recognise into the same span records before the one
 conversion; a trace that neither stepfork's spans nor any of those readers can use is not a
@@ -67,6 +91,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import gzip
 import logging
 import os
@@ -176,7 +201,11 @@ class ImportReport:
     ignored_spans: int = 0
     """Spans of the ignored traces."""
     other_signals: int = 0
-    """Lines holding logs, metrics or profiles rather than traces (skipped)."""
+    """Lines holding logs, metrics or profiles rather than traces (skipped); a line of log records
+    holding a GenAI call's details is read, not counted here."""
+    genai_log_records: int = 0
+    """``gen_ai.client.inference.operation.details`` log records whose content (the messages a
+    GenAI instrumentation kept off its span) was joined to their span."""
     base64_ids: bool = False
     """Ids were written base64 (protobuf's JSON mapping) and were decoded."""
     problems: list[ImportProblem] = field(default_factory=list)
@@ -450,6 +479,98 @@ def decode_span(span: Any) -> _Decoded:
     )
 
 
+#: What a GenAI call-details log record contributes to its span: the content attributes only (the
+#: span holds the model, parameters, usage and ids itself, and wins where both hold a key).
+_GENAI_LOG_KEYS = frozenset(
+    {
+        k.GEN_AI_INPUT_MESSAGES,
+        k.GEN_AI_OUTPUT_MESSAGES,
+        k.GEN_AI_SYSTEM_INSTRUCTIONS,
+        k.GEN_AI_TOOL_DEFINITIONS,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _LogContent:
+    """The content of one GenAI call-details log record, waiting for its span."""
+
+    trace_id: str
+    span_id: str
+    attributes: dict[str, Any]
+    """Content attributes as a span holds them: structured values (``kvlistValue`` /
+    ``arrayValue``, what util-genai writes on log records) as compact JSON text, like the
+    span attributes of ``SPAN_ONLY``; anything else as it came (the adapter names it)."""
+
+
+def _event_name(record: Mapping[str, Any]) -> Any:
+    """A log record's event name: ``eventName`` (OTLP 1.5+), else the older events API's
+    ``event.name`` attribute. Only that attribute is decoded: other records cost a key scan."""
+    name = _get(record, "eventName", "event_name")
+    if name:
+        return name
+    attributes = record.get("attributes")
+    for item in attributes if isinstance(attributes, list) else ():
+        if type(item) is dict and item.get("key") == k.EVENT_NAME_ATTRIBUTE:
+            value = item.get("value")
+            return value.get("stringValue") if isinstance(value, dict) else None
+    return None
+
+
+def _bytes_as_text(value: Any) -> str:
+    if isinstance(value, bytes):  # (util-genai's JSON encoder writes bytes as base64 too)
+        return base64.b64encode(value).decode("ascii")
+    raise TypeError(type(value).__name__)
+
+
+def _span_attribute(value: Any) -> Any:
+    if not isinstance(value, (tuple, dict)):
+        return value
+    try:
+        return orjson.dumps(value, default=_bytes_as_text).decode("utf-8")
+    except orjson.JSONEncodeError as exc:
+        raise _BadSpan(f"a content attribute cannot be read as JSON ({exc})") from None
+
+
+def decode_genai_log_record(record: Any) -> _LogContent | None:
+    """The content a ``gen_ai.client.inference.operation.details`` log record holds for its span
+    (None: another log record, ignored). Raises on a record of that name that cannot be read."""
+    if not isinstance(record, dict) or _event_name(record) != k.GEN_AI_DETAILS_EVENT:
+        return None
+    raw_trace, raw_span = _get(record, "traceId", "trace_id"), _get(record, "spanId", "span_id")
+    if not raw_trace or not raw_span:
+        raise _BadSpan("it names no span (no trace id or span id)")
+    trace_id, _ = normalise_id(raw_trace, 16)
+    span_id, _ = normalise_id(raw_span, 8)
+    if trace_id == "0" * 32 or span_id == "0" * 16:
+        raise _BadSpan("all-zero trace or span id")
+    items = record.get("attributes", [])
+    if not isinstance(items, list):
+        raise _BadSpan("attributes is not a list")
+    wanted = [i for i in items if type(i) is dict and i.get("key") in _GENAI_LOG_KEYS]
+    attributes = {key: _span_attribute(v) for key, v in decode_attributes(wanted).items()}
+    return _LogContent(trace_id, span_id, attributes)
+
+
+def _log_records_of(data: Mapping[str, Any]) -> Iterator[Any]:
+    resource_logs = _get(data, "resourceLogs", "resource_logs")
+    if not isinstance(resource_logs, list):
+        raise _BadSpan("resourceLogs is not a list")
+    for resource in resource_logs:
+        if not isinstance(resource, dict):
+            raise _BadSpan("a resourceLogs entry is not an object")
+        scopes = _get(resource, "scopeLogs", "scope_logs")
+        if scopes is None:
+            continue
+        if not isinstance(scopes, list):
+            raise _BadSpan("scopeLogs is not a list")
+        for scope in scopes:
+            records = _get(scope, "logRecords", "log_records") if isinstance(scope, dict) else None
+            if not isinstance(records, list):
+                raise _BadSpan("a scopeLogs entry has no list of logRecords")
+            yield from records
+
+
 def _spans_of(data: Mapping[str, Any]) -> Iterator[Any]:
     resource_spans = _get(data, "resourceSpans", "resource_spans")
     if not isinstance(resource_spans, list):
@@ -721,8 +842,12 @@ def _ids_in(data: bytes | Mapping[str, Any]) -> list[str]:
     """Trace ids named in a record, without parsing JSON (bytes) or by walking it (a dict)."""
     found: list[str] = []
     if isinstance(data, Mapping):
+        logs = _get(data, "resourceSpans", "resource_spans") is None
         try:
-            raws: Iterable[Any] = [_get(s, "traceId", "trace_id") for s in _spans_of(data)]
+            raws: Iterable[Any] = [
+                _get(s, "traceId", "trace_id")
+                for s in (_log_records_of(data) if logs else _spans_of(data))
+            ]
         except (_BadSpan, AttributeError):
             raws = []
     else:
@@ -821,6 +946,9 @@ class _Assembler:
         self.trace_records = 0
         self.lost_by_all: list[str] = []
         """Unreadable records naming no trace id: every trace is marked incomplete by them."""
+        self.log_content: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {}
+        """trace id -> span id -> (where, content) of the GenAI call-details log records read
+        (until their trace is finished: see the module docstring)."""
 
     def feed(self, record: _Record) -> None:
         report = self.report
@@ -844,6 +972,9 @@ class _Assembler:
             self._problem(record.where, "not OTLP trace data (not a JSON object); line skipped")
             return
         if _get(data, "resourceSpans", "resource_spans") is None:
+            logs = _get(data, "resourceLogs", "resource_logs") is not None
+            if logs and self._read_logs(record.where, data):
+                return
             if any(key in data for key in _OTHER_SIGNALS):
                 report.other_signals += 1
             else:
@@ -874,6 +1005,60 @@ class _Assembler:
             self._add(decoded)
         report.max_traces_in_flight = max(report.max_traces_in_flight, len(self.building))
         report.max_spans_in_flight = max(report.max_spans_in_flight, self.in_flight)
+
+    def _read_logs(self, where: str, data: Mapping[str, Any]) -> bool:
+        """Keep the content of the line's GenAI call-details log records for their spans; the
+        others are ignored. False: the line held no such record (a skipped line of logs)."""
+        try:
+            records = list(_log_records_of(data))
+        except _BadSpan as exc:
+            self._problem(where, f"log records not read ({exc}); line skipped")
+            return True
+        found = False
+        for n, raw in enumerate(records, start=1):
+            try:
+                content = decode_genai_log_record(raw)
+            except Exception as exc:  # one record that cannot be read never stops the others
+                why = (
+                    str(exc) if isinstance(exc, _BadSpan) else f"unreadable ({type(exc).__name__})"
+                )
+                self._problem(
+                    where,
+                    f"log record {n} ({k.GEN_AI_DETAILS_EVENT}) skipped: {why}; the messages "
+                    "of its call are not imported",
+                )
+                found = True
+                continue
+            if content is None:
+                continue
+            found = True
+            if self.keep is not None and content.trace_id != self.keep:
+                continue
+            spans = self.log_content.setdefault(content.trace_id, {})
+            spans.setdefault(content.span_id, (where, content.attributes))  # (a retried export)
+        return found
+
+    def _with_log_content(
+        self, records: list[SpanRecord], content: dict[str, tuple[str, dict[str, Any]]]
+    ) -> list[SpanRecord]:
+        """The spans with the content of their GenAI call-details log records, as if it had
+        been their attributes (a span's own attribute wins)."""
+        joined: list[SpanRecord] = []
+        for span in records:
+            found = content.pop(span.span_id, None)
+            if found is not None:
+                span = dataclasses.replace(span, attributes={**found[1], **span.attributes})
+                self.report.genai_log_records += 1
+            joined.append(span)
+        return joined
+
+    def _unjoined(self, trace_id: str, content: dict[str, tuple[str, dict[str, Any]]]) -> None:
+        for span_id, (where, _) in content.items():
+            self._problem(
+                where,
+                f"a {k.GEN_AI_DETAILS_EVENT} log record names span {span_id} of trace "
+                f"{trace_id}, which is not in the input; its messages are not imported",
+            )
 
     def _add(self, decoded: _Decoded) -> None:
         span = decoded.record
@@ -907,7 +1092,9 @@ class _Assembler:
         lost = self.lost.pop(trace_id, None)
         dropped = self.dropped_attributes.pop(trace_id, 0)
         local = self.local_parents.pop(trace_id, set())
+        content = self.log_content.pop(trace_id, {})
         if spans is None:
+            self._unjoined(trace_id, content)
             return []
         self.in_flight -= len(spans)
         report = self.report
@@ -915,6 +1102,9 @@ class _Assembler:
         where = f"trace {trace_id}"
         adopted_run = False
         if not any(is_stepfork_span(s) for s in records):
+            if content:
+                records = self._with_log_content(records, content)
+                self._unjoined(trace_id, content)
             adopted = foreign.adopt(records, self.redactor)  # another instrumentation's spans
             if adopted is None:
                 report.ignored_traces += 1
@@ -1045,8 +1235,8 @@ def _iter_all(
         while end == number:
             yield from assembler.finish(trace_id)
             end, trace_id = next(closing, (0, ""))
-    for trace_id in list(assembler.building):  # ids the index could not see (not expected)
-        yield from assembler.finish(trace_id)
+    for trace_id in [*assembler.building, *assembler.log_content]:  # ids the index missed
+        yield from assembler.finish(trace_id)  # (not expected)
     _check_any_trace_data(assembler, sources)
 
 
