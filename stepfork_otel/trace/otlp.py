@@ -552,44 +552,52 @@ def decode_genai_log_record(record: Any) -> _LogContent | None:
     return _LogContent(trace_id, span_id, attributes)
 
 
-def _log_records_of(data: Mapping[str, Any]) -> Iterator[Any]:
-    resource_logs = _get(data, "resourceLogs", "resource_logs")
-    if not isinstance(resource_logs, list):
-        raise _BadSpan("resourceLogs is not a list")
-    for resource in resource_logs:
+def _items_of(
+    data: Mapping[str, Any],
+    resources: tuple[str, str],
+    scopes: tuple[tuple[str, str], ...],
+    items: tuple[str, str],
+) -> Iterator[Any]:
+    """The items (spans, log records) of an OTLP request: ``resources`` names the list of
+    resources, ``scopes`` the names its scope list may have (the first found is read), ``items``
+    each scope's list; each as (OTLP JSON name, protobuf field name). Raises :class:`_BadSpan`
+    for a shape that is not OTLP."""
+    found = _get(data, *resources)
+    if not isinstance(found, list):
+        raise _BadSpan(f"{resources[0]} is not a list")
+    for resource in found:
         if not isinstance(resource, dict):
-            raise _BadSpan("a resourceLogs entry is not an object")
-        scopes = _get(resource, "scopeLogs", "scope_logs")
-        if scopes is None:
+            raise _BadSpan(f"a {resources[0]} entry is not an object")
+        listed = next((v for names in scopes if (v := _get(resource, *names)) is not None), None)
+        if listed is None:
             continue
-        if not isinstance(scopes, list):
-            raise _BadSpan("scopeLogs is not a list")
-        for scope in scopes:
-            records = _get(scope, "logRecords", "log_records") if isinstance(scope, dict) else None
-            if not isinstance(records, list):
-                raise _BadSpan("a scopeLogs entry has no list of logRecords")
-            yield from records
+        if not isinstance(listed, list):
+            raise _BadSpan(f"{scopes[0][0]} is not a list")
+        for scope in listed:
+            # (an empty list is left out of OTLP JSON: a scope without one holds none)
+            entries = _get(scope, *items) if isinstance(scope, dict) else None
+            entries = [] if isinstance(scope, dict) and entries is None else entries
+            if not isinstance(entries, list):
+                raise _BadSpan(f"a {scopes[0][0]} entry has no list of {items[0]}")
+            yield from entries
+
+
+def _log_records_of(data: Mapping[str, Any]) -> Iterator[Any]:
+    return _items_of(
+        data, ("resourceLogs", "resource_logs"), (("scopeLogs", "scope_logs"),), _LOG_RECORDS
+    )
 
 
 def _spans_of(data: Mapping[str, Any]) -> Iterator[Any]:
-    resource_spans = _get(data, "resourceSpans", "resource_spans")
-    if not isinstance(resource_spans, list):
-        raise _BadSpan("resourceSpans is not a list")
-    for resource in resource_spans:
-        if not isinstance(resource, dict):
-            raise _BadSpan("a resourceSpans entry is not an object")
-        scopes = _get(resource, "scopeSpans", "scope_spans")
-        if scopes is None:  # collectors before OTLP 0.19 wrote instrumentationLibrarySpans
-            scopes = _get(resource, "instrumentationLibrarySpans", "instrumentation_library_spans")
-        if scopes is None:
-            continue
-        if not isinstance(scopes, list):
-            raise _BadSpan("scopeSpans is not a list")
-        for scope in scopes:
-            spans = scope.get("spans", []) if isinstance(scope, dict) else None
-            if not isinstance(spans, list):
-                raise _BadSpan("a scopeSpans entry has no list of spans")
-            yield from spans
+    return _items_of(data, ("resourceSpans", "resource_spans"), _SCOPE_SPANS, ("spans", "spans"))
+
+
+_LOG_RECORDS = ("logRecords", "log_records")
+#: collectors before OTLP 0.19 wrote instrumentationLibrarySpans
+_SCOPE_SPANS = (
+    ("scopeSpans", "scope_spans"),
+    ("instrumentationLibrarySpans", "instrumentation_library_spans"),
+)
 
 
 # --- sources -------------------------------------------------------------------------------------
