@@ -323,6 +323,32 @@ def test_a_secret_in_a_log_records_message_never_reaches_the_bundle(
     assert SECRET not in done.stdout + done.stderr
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        f'[{{"role": "user", "content": "my key is {SECRET}"}}]',  # text where an AnyValue goes
+        {"doubleValue": f"my key is {SECRET}"},
+        {"boolValue": f"my key is {SECRET}"},
+        {SECRET.replace("-", ""): 1},  # an unknown AnyValue field
+    ],
+)
+def test_a_value_that_cannot_be_read_is_named_by_its_type_never_quoted(
+    one_file: Traced, value: Any, tmp_path: Path
+) -> None:
+    """Problems are printed, logged and kept in the report: a content value the importer
+    cannot read is named without its text, which may hold a prompt or a secret."""
+    lines = _lines(one_file)
+    first = next(n for n, line in enumerate(lines) if _is_log(line))
+    lines[first] = _edited(lines[first], _set("gen_ai.input.messages", value))
+    path = tmp_path / "spans.jsonl"
+    path.write_bytes(b"".join(lines))
+    (trace,), report = _import(path)
+    found = [str(p) for p in report.problems]
+    assert any(f"{path}:{first + 1}: log record 1" in p for p in found), found
+    assert not any(SECRET in p or SECRET.replace("-", "") in p for p in found), found
+    assert SECRET not in dump_trace(trace).decode()
+
+
 def test_the_import_pasted_in_the_docs_is_what_the_command_prints(run: Traced) -> None:
     if not _two(run):
         pytest.skip("the docs show the two files")

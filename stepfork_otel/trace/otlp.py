@@ -249,24 +249,34 @@ def _as_int(raw: Any, what: str = "intValue") -> int:
     return value
 
 
+#: A field name an error may quote (a name of the format's kind: letters only, short).
+_FIELD_NAME = re.compile(r"[A-Za-z_]{1,40}")
+
+
 def _short(raw: Any) -> str:
-    """A value from the input as an error message quotes it: ``repr``, at most 80 characters."""
-    text = repr(raw) if not isinstance(raw, (dict, list)) else type(raw).__name__
-    return text if len(text) <= 80 else text[:79] + "…"
+    """A value from the input as an error message names it: a number as it is (at most 80
+    characters), anything else by its type and size, never its text -- an attribute value may
+    hold a prompt or a secret, and these messages are printed, logged and kept in reports."""
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        text = repr(raw)
+        return text if len(text) <= 80 else text[:79] + "…"
+    if isinstance(raw, str):
+        return f"(a string of {len(raw):,} characters)"
+    return f"(a {type(raw).__name__})" if raw is not None else "null"
 
 
 def _as_float(raw: Any) -> float:
     if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
-        raise _BadSpan(f"doubleValue {raw!r} is not a number")
+        raise _BadSpan(f"doubleValue {_short(raw)} is not a number")
     try:
         return float(raw)  # "NaN", "Infinity", "-Infinity" are JSON strings in proto-JSON
     except ValueError:
-        raise _BadSpan(f"doubleValue {raw!r} is not a number") from None
+        raise _BadSpan(f"doubleValue {_short(raw)} is not a number") from None
 
 
 def _as_bool(raw: Any) -> bool:
     if not isinstance(raw, bool):
-        raise _BadSpan(f"boolValue {raw!r} is not a boolean")
+        raise _BadSpan(f"boolValue {_short(raw)} is not a boolean")
     return raw
 
 
@@ -309,7 +319,7 @@ for _camel, _snake, _decoder in (
 def decode_any_value(value: Any) -> Any:
     """The Python value of an OTLP JSON ``AnyValue`` (an empty one is None)."""
     if not isinstance(value, dict):
-        raise _BadSpan(f"attribute value {value!r} is not an OTLP AnyValue object")
+        raise _BadSpan(f"attribute value {_short(value)} is not an OTLP AnyValue object")
     if not value:
         return None
     if len(value) != 1:
@@ -317,7 +327,8 @@ def decode_any_value(value: Any) -> Any:
     ((key, raw),) = value.items()
     decoder = _DECODERS.get(key)
     if decoder is None:
-        raise _BadSpan(f"unknown AnyValue field {key!r}")
+        named = repr(key) if isinstance(key, str) and _FIELD_NAME.fullmatch(key) else _short(key)
+        raise _BadSpan(f"unknown AnyValue field {named}")
     return decoder(raw)
 
 
