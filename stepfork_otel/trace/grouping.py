@@ -91,12 +91,34 @@ def enclosing_run(
 
 
 def top_level_runs(parent_of: Mapping[T, T | None], kind_of: Mapping[T, object]) -> list[T]:
-    """The run spans not nested in another run span."""
-    return [
-        span_id
-        for span_id, kind in kind_of.items()
-        if kind == k.KIND_RUN and enclosing_run(parent_of, kind_of, span_id) is None
-    ]
+    """The run spans not nested in another run span (:func:`enclosing_run` of each, in one pass:
+    each span's nearest run above is found once, so many runs under one deep chain of spans
+    cost the spans, not runs x depth)."""
+    above: dict[T, T | None] = {}
+    """span -> the nearest run strictly above it (None: none, as far as the spans go)."""
+    for span_id, kind in kind_of.items():
+        if kind != k.KIND_RUN:
+            continue
+        chain: list[T] = []
+        on_chain: set[T] = set()
+        node, found = span_id, None
+        while True:
+            if node in above:
+                found = above[node]
+                break
+            chain.append(node)
+            on_chain.add(node)
+            parent = parent_of.get(node)
+            if parent is None or parent not in kind_of:
+                break  # (the top, or a parent never seen)
+            if kind_of[parent] == k.KIND_RUN:
+                found = parent
+                break
+            if parent in on_chain:
+                break  # (hostile links that form a cycle of spans that are not runs)
+            node = parent
+        above.update(dict.fromkeys(chain, found))
+    return [i for i, kind in kind_of.items() if kind == k.KIND_RUN and above[i] is None]
 
 
 def calls_outside_runs(

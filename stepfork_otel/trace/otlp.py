@@ -57,8 +57,11 @@ records as a line of each trace it names: a trace is finished after its last spa
 whichever comes later, in whatever file of the import, before or after its spans. A GenAI
 call-details record costs the index nothing more than a span does (its trace's entry, once per
 trace); what the second pass keeps of it until its trace is finished is its content attributes
-(the messages a ``SPAN_ONLY`` span would have held: the same bytes, counted with the spans in
-flight), keyed by trace and span id; every other log record is dropped as it is read.
+(the messages a ``SPAN_ONLY`` span would have held: the same bytes, held as long as its trace's
+spans; the report's in-flight counts are of spans only), keyed by trace and span id; every other
+log record is dropped as it is read. (A record whose trace id the first pass's scan cannot see --
+an id written with JSON escapes -- and that comes after its trace's last span is held to the end
+of the import and then named as naming a span not in the input.)
 
 Memory is therefore bounded by the spans of the traces *in flight* (seen, last line not yet read)
 and the GenAI log content waiting for them, plus the largest single line (one batch), plus the index
@@ -91,6 +94,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import dataclasses
 import gzip
 import logging
@@ -931,13 +935,27 @@ def _orphans(records: list[SpanRecord], local: set[str]) -> list[SpanRecord]:
     ]
 
 
-def _within(span: SpanRecord, run: SpanRecord | None) -> bool:
-    """Whether ``span`` may have been part of ``run`` (it started while the run was open); every
-    span may be part of the calls outside runs (``run`` None)."""
-    if run is None:
-        return True
-    end = run.end_time_unix_nano or span.start_time_unix_nano
-    return run.start_time_unix_nano <= span.start_time_unix_nano <= end
+def _first_within(
+    spans: list[SpanRecord],
+) -> Callable[[SpanRecord | None], SpanRecord | None]:
+    """A lookup of the first of ``spans`` (by start time) that may have been part of a run --
+    it started while the run was open (any span, for the calls outside runs: None) -- in
+    logarithmic time: a trace of many runs and many such spans costs their sum, not product."""
+    ordered = sorted(spans, key=lambda s: s.start_time_unix_nano)
+    starts = [s.start_time_unix_nano for s in ordered]
+
+    def first(run: SpanRecord | None) -> SpanRecord | None:
+        if not ordered:
+            return None
+        if run is None:
+            return ordered[0]
+        n = bisect.bisect_left(starts, run.start_time_unix_nano)
+        if n == len(ordered):
+            return None
+        end = run.end_time_unix_nano
+        return ordered[n] if not end or starts[n] <= end else None
+
+    return first
 
 
 class _Assembler:
@@ -1167,8 +1185,9 @@ class _Assembler:
         spans_of: dict[str | None, list[SpanRecord]] = {}
         for span in records:
             spans_of.setdefault(bundle_of.get(span.span_id), []).append(span)
+        first_orphan = _first_within(orphans)
         for root in roots:
-            orphan = next((s for s in orphans if _within(s, root)), None)
+            orphan = first_orphan(root)
             why = reason  # (a lost line is the likelier cause of a missing span: said first)
             if orphan is not None and why is None:
                 why = (
