@@ -163,3 +163,18 @@ def test_gateway_patterns_leave_a_redacted_run_replayable(recording: Any, tmp_pa
     for name in ("failure", "success"):
         local = Trace.load(tmp_path / "local" / f"{name}.sftrace")
         assert imported[local.trace_id] == local
+
+
+def test_local_keeps_the_log_records_in_a_file_the_import_reads() -> None:
+    """openai-v2 with EVENT_ONLY puts a call's messages in log records: the local collector
+    writes them as OTLP JSON lines too, to a file of their own, for the same import."""
+    config = load("local.yaml")
+    logs = config["service"]["pipelines"]["logs"]
+    assert component_type(logs["processors"][0]) == "memory_limiter"
+    assert component_type(logs["processors"][-1]) == "batch"
+    (file_id,) = [e for e in logs["exporters"] if component_type(e) == "file"]
+    exporter = config["exporters"][file_id]
+    assert exporter["format"] == "json"
+    assert exporter["path"].endswith(".jsonl")
+    traces = config["service"]["pipelines"]["traces"]["exporters"]
+    assert exporter["path"] not in {config["exporters"][e]["path"] for e in traces}
