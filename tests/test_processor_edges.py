@@ -212,6 +212,37 @@ def test_a_marker_is_set_even_when_closing_a_bundle_fails(
     assert recording.processor.stats.write_errors == 1
 
 
+def test_a_call_waiting_for_a_stalled_writer_gives_up_and_returns(
+    recording: Recording,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A call that waits for the writer (``flush_interval=0``) while the writer hangs on the
+    disk returns after the bound, logged: the program goes on, the call is written later."""
+    import threading
+
+    from stepfork_otel.otel import processor as processor_module
+    from stepfork_otel.otel.writer import BundleAppender
+
+    release = threading.Event()
+    write = BundleAppender.write_pending
+
+    def hung(self: BundleAppender, *args: Any, **kwargs: Any) -> Any:
+        release.wait(60)  # (a disk that does not answer)
+        return write(self, *args, **kwargs)
+
+    monkeypatch.setattr(processor_module, "_WRITER_WAIT", 0.2)
+    path = tmp_path / "r.sftrace"
+    with record(path, flush_interval=0), caplog.at_level("WARNING", logger="stepfork_otel"):
+        monkeypatch.setattr(BundleAppender, "write_pending", hung)
+        assert lookup("a") == "A"  # returned, the writer still hung
+        assert "the bundle writer did not write the calls queued within 0 s" in caplog.text
+        release.set()
+        monkeypatch.setattr(processor_module, "_WRITER_WAIT", 30.0)  # (the run's end waits)
+    assert [c.input for c in Trace.load(path).calls] == ['{"key":"a"}']
+
+
 def test_a_nested_run_writing_each_call_at_once_stops_doing_so_when_it_ends(
     recording: Recording, tmp_path: Path
 ) -> None:
