@@ -65,6 +65,15 @@ def replay(
     return run_agent([command, agent, str(bundle), str(out), url, prompt, *options], out)
 
 
+def replay_sending_nothing(agent: str, bundle: Path, out: Path) -> dict[str, Any]:
+    """The agent replayed frozen from ``bundle`` while a server is up at the URL it is given:
+    the replay must send it nothing (checked here: 0 requests)."""
+    with FakeLLM() as sentinel:
+        replayed = replay(agent, bundle, sentinel.openai_url, out)
+        assert len(sentinel.requests) == 0
+    return replayed
+
+
 @dataclass
 class Traced:
     live: dict[str, Any]

@@ -20,7 +20,15 @@ from pathlib import Path
 import pytest
 from cli_support import stepfork
 from conftest import installed
-from foreign_support import PROMPT, Traced, docs_block, normalised, replay, traced
+from foreign_support import (
+    PROMPT,
+    Traced,
+    docs_block,
+    normalised,
+    replay,
+    replay_sending_nothing,
+    traced,
+)
 
 from examples.fake_llm import FakeLLM
 from stepfork_otel import Trace
@@ -103,9 +111,7 @@ def test_the_agent_replays_frozen_in_a_fresh_process_with_the_server_stopped(
 
 
 def test_replay_sends_nothing_to_a_server_that_is_up(run: Traced, tmp_path: Path) -> None:
-    with FakeLLM() as sentinel:
-        replayed = replay(run.agent, run.bundle, sentinel.openai_url, tmp_path / "r.json")
-        assert len(sentinel.requests) == 0
+    replayed = replay_sending_nothing(run.agent, run.bundle, tmp_path / "r.json")
     assert replayed["answer"] == run.live["answer"]
 
 
@@ -227,9 +233,7 @@ def test_logfire_anthropic_spans_replay_through_instrument_anthropic(
     assert (first["type"], first["stop_reason"]) == ("message", "tool_use")
     assert first["content"][0]["input"] == {"city": "Paris"}
 
-    with FakeLLM() as sentinel:
-        replayed = replay(agent, run.bundle, sentinel.openai_url, tmp_path / "r.json")
-        assert len(sentinel.requests) == 0
+    replayed = replay_sending_nothing(agent, run.bundle, tmp_path / "r.json")
     assert "error" not in replayed, replayed
     assert replayed["answer"] == run.live["answer"]
     assert replayed["calls"] == [["llm", "substituted"], ["llm", "substituted"]]

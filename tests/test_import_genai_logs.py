@@ -25,9 +25,16 @@ import orjson
 import pytest
 from cli_support import stepfork
 from conftest import installed
-from foreign_support import PROMPT, Traced, docs_block, normalised, replay, traced
+from foreign_support import (
+    PROMPT,
+    Traced,
+    docs_block,
+    normalised,
+    replay,
+    replay_sending_nothing,
+    traced,
+)
 
-from examples.fake_llm import FakeLLM
 from stepfork_otel import Redactor, Trace
 from stepfork_otel.trace import foreign
 from stepfork_otel.trace.bundle import dump_trace
@@ -120,9 +127,7 @@ def test_the_agent_replays_frozen_with_the_server_stopped_and_sends_nothing(
     assert "error" not in replayed, replayed
     assert replayed["answer"] == run.live["answer"]
     assert replayed["calls"] == [["llm", "substituted"], ["llm", "substituted"]]
-    with FakeLLM() as sentinel:
-        again = replay(run.agent, run.bundle, sentinel.openai_url, tmp_path / "r.json")
-        assert len(sentinel.requests) == 0
+    again = replay_sending_nothing(run.agent, run.bundle, tmp_path / "r.json")
     assert again["answer"] == run.live["answer"]
 
 

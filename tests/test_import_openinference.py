@@ -18,7 +18,15 @@ from typing import Any
 import pytest
 from cli_support import stepfork
 from conftest import installed
-from foreign_support import PROMPT, Traced, docs_block, normalised, replay, traced
+from foreign_support import (
+    PROMPT,
+    Traced,
+    docs_block,
+    normalised,
+    replay,
+    replay_sending_nothing,
+    traced,
+)
 
 import stepfork_otel
 from examples.fake_llm import FakeLLM
@@ -88,9 +96,7 @@ def test_an_openinference_traced_agent_replays_frozen_from_its_imported_spans(
 
 def test_replay_reaches_no_server(by_file: Traced, tmp_path: Path) -> None:
     """Pointed at a server that is up, the frozen replay sends it nothing (0 requests)."""
-    with FakeLLM() as sentinel:
-        replayed = replay("weather", by_file.bundle, sentinel.openai_url, tmp_path / "r")
-        assert len(sentinel.requests) == 0
+    replayed = replay_sending_nothing("weather", by_file.bundle, tmp_path / "r")
     assert replayed["answer"] == by_file.live["answer"]
 
 

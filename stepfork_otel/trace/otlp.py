@@ -958,6 +958,12 @@ def _first_within(
     return first
 
 
+def _why_unread(exc: Exception) -> str:
+    """Why a span or log record could not be read: the decoder's own words, or the error's
+    type only (an unexpected error's text could quote the input)."""
+    return str(exc) if isinstance(exc, _BadSpan) else f"unreadable ({type(exc).__name__})"
+
+
 class _Assembler:
     """Pass 2: parse records in order, buffer spans by trace, hand finished traces on."""
 
@@ -1030,9 +1036,7 @@ class _Assembler:
             try:
                 decoded = decode_span(raw)
             except Exception as exc:  # one span that cannot be read never stops the others
-                why = (
-                    str(exc) if isinstance(exc, _BadSpan) else f"unreadable ({type(exc).__name__})"
-                )
+                why = _why_unread(exc)
                 ids = _ids_in({"resourceSpans": [{"scopeSpans": [{"spans": [raw]}]}]})
                 self.report.skipped_spans += 1
                 self._problem(record.where, f"span {n} skipped: {why}", lost=ids)
@@ -1056,9 +1060,7 @@ class _Assembler:
             try:
                 content = decode_genai_log_record(raw)
             except Exception as exc:  # one record that cannot be read never stops the others
-                why = (
-                    str(exc) if isinstance(exc, _BadSpan) else f"unreadable ({type(exc).__name__})"
-                )
+                why = _why_unread(exc)
                 self._problem(
                     where,
                     f"log record {n} ({k.GEN_AI_DETAILS_EVENT}) skipped: {why}; the messages "
