@@ -171,6 +171,10 @@ TL_USAGE_PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
 TL_USAGE_COMPLETION_TOKENS: Final = "gen_ai.usage.completion_tokens"
 #: OpenLLMetry's flag of a streamed call (only it writes this key).
 TL_IS_STREAMING: Final = "gen_ai.is_streaming"
+#: OpenLLMetry's flattened messages: ``gen_ai.prompt.N.*`` (the request's), ``gen_ai.completion.N.*``
+#: (the response's choices).
+TL_PROMPT: Final = "gen_ai.prompt"
+TL_COMPLETION: Final = "gen_ai.completion"
 #: Semconv ``error.type``: the class of the error a failed call ended with.
 ERROR_TYPE_SEMCONV: Final = "error.type"
 #: Environment variable (shared with the OTel GenAI instrumentations) that turns on message

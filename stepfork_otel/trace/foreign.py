@@ -61,7 +61,7 @@ def convention_of(span: SpanRecord) -> str:
     if (
         k.TL_REQUEST_TYPE in attrs
         or k.TL_IS_STREAMING in attrs
-        or any(key.startswith("gen_ai.prompt.") for key in attrs)
+        or any(key.startswith(f"{k.TL_PROMPT}.") for key in attrs)
     ):
         return OPENLLMETRY
     return GENAI

@@ -70,7 +70,7 @@ _PARAM_ATTRIBUTES = (
     *dict.fromkeys(a for _, a in REQUEST_PARAMS),
     k.GEN_AI_REQUEST_STOP_SEQUENCES,
 )
-_INDEXED = re.compile(r"^gen_ai\.(prompt|completion)\.(\d+)\.(.+)$")
+_INDEXED = re.compile(rf"^({re.escape(k.TL_PROMPT)}|{re.escape(k.TL_COMPLETION)})\.(\d+)\.(.+)$")
 _INDEXED_CALL = re.compile(r"^tool_calls\.(\d+)\.(id|name|arguments)$")
 #: The provider's endpoint (relative URL) of a chat call, as ``instrument_*()`` records it.
 _URLS = {k.PROVIDER_OPENAI: "chat/completions", k.PROVIDER_ANTHROPIC: "messages"}
@@ -119,7 +119,7 @@ def _flattened(attrs: Mapping[str, Any], family: str) -> Flattened | None:
     found = indexed_messages(attrs, family, _INDEXED, _INDEXED_CALL)
     if not found:
         return None
-    return flattened_messages(found, json_content=True, finish_reason=family == "completion")
+    return flattened_messages(found, json_content=True, finish_reason=family == k.TL_COMPLETION)
 
 
 def _messages(attrs: Mapping[str, Any], key: str, family: str) -> tuple[Any, Flattened | None, str]:
@@ -135,7 +135,7 @@ def _messages(attrs: Mapping[str, Any], key: str, family: str) -> tuple[Any, Fla
     if flat is None:
         return None, None, _CONTENT_OFF
     if not flat.messages:
-        return None, flat, f"gen_ai.{family}.{flat.first - 1} is a message in part (no role)"
+        return None, flat, f"{family}.{flat.first - 1} is a message in part (no role)"
     return flat.messages, flat, ""
 
 
@@ -204,7 +204,7 @@ def llm_call(
     model = first_str(attrs, k.GEN_AI_REQUEST_MODEL) or ""
     call = ImportedLlm(provider, model, fidelity=k.FIDELITY_MESSAGES_ONLY)
     url = "responses" if span.name.startswith("Responses API") else _URLS[provider]
-    messages, flat, why = _messages(attrs, k.GEN_AI_INPUT_MESSAGES, "prompt")
+    messages, flat, why = _messages(attrs, k.GEN_AI_INPUT_MESSAGES, k.TL_PROMPT)
     system = json_value(attrs.get(k.GEN_AI_SYSTEM_INSTRUCTIONS))
     if messages is None:
         notes.append(f"{at}: input missing -- {why}; replay stops at this call")
@@ -226,15 +226,15 @@ def llm_call(
         call.request = form
         call.unchecked = unchecked(form)
         if flat is not None and flat.first:
-            said = flat.not_kept("gen_ai.prompt.{}")
+            said = flat.not_kept(f"{k.TL_PROMPT}.{{}}")
             notes.append(f"{at}: {said}; the last {len(messages)} are compared")
     source = (output_from or span).attributes
     call.usage = _usage(source) or _usage(attrs)
     call.response_model = first_str(source, k.GEN_AI_RESPONSE_MODEL)
-    outputs, out_flat, why = _messages(source, k.GEN_AI_OUTPUT_MESSAGES, "completion")
+    outputs, out_flat, why = _messages(source, k.GEN_AI_OUTPUT_MESSAGES, k.TL_COMPLETION)
     if out_flat is not None and out_flat.first:  # a response of some of the choices: made up
         outputs = None
-        why = out_flat.not_kept("gen_ai.completion.{}", "choice")
+        why = out_flat.not_kept(f"{k.TL_COMPLETION}.{{}}", "choice")
     elif not outputs and out_flat is None and k.GEN_AI_OUTPUT_MESSAGES in source:
         why = f"{k.GEN_AI_OUTPUT_MESSAGES} is cut, empty or not JSON {_CUT}"
     if span.status == "error" or (output_from is not None and output_from.status == "error"):
