@@ -229,6 +229,9 @@ OI_TOKEN_COUNT_PROMPT: Final = "llm.token_count.prompt"
 OI_TOKEN_COUNT_COMPLETION: Final = "llm.token_count.completion"
 #: The finish reason of an OpenInference LLM span's first choice.
 OI_FINISH_REASON: Final = "llm.finish_reason"
+#: OpenInference's per-message attributes: ``llm.input_messages.N.message.*`` and the output's.
+OI_INPUT_MESSAGES: Final = "llm.input_messages"
+OI_OUTPUT_MESSAGES: Final = "llm.output_messages"
 
 #: The keys of one payload, in this order: the hand-off key, sha256, size, omitted, preview, and
 #: the OpenInference value (the text on the span) and mime type. Written by the boundaries, read by the span -> event

@@ -366,7 +366,9 @@ def test_invalid_span_is_skipped_and_its_trace_marked_incomplete(
     report = ImportReport()
     found = by_trace_id(list(iter_traces_from_otlp_json(path, report=report)))
     (problem,) = report.problems
-    assert problem.message == "span 1 skipped: 'not-an-id' is not a 8-byte id in hex or base64"
+    assert problem.message == (
+        "span 1 skipped: id (a string of 9 characters) is not a 8-byte id in hex or base64"
+    )
     assert found[victim["traceId"]].complete is False
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import NamedTuple
 
+from stepfork_otel import constants as k
 from stepfork_otel.recording.contract import BoundaryCall
 from stepfork_otel.replay.errors import (
     CallDescription,
@@ -41,7 +42,7 @@ from stepfork_otel.replay.errors import (
 )
 from stepfork_otel.replay.plan import RecordedCall
 from stepfork_otel.trace.canonical import canonical_json, loads, sha256_hex
-from stepfork_otel.trace.foreign_request import SEMANTIC_FIDELITIES, live_arguments, live_form
+from stepfork_otel.trace.foreign_request import live_arguments, live_form
 from stepfork_otel.trace.models import LlmRequest, ToolCall
 
 __all__ = [
@@ -155,7 +156,7 @@ def compared_input(call: BoundaryCall, expected: RecordedCall) -> tuple[str, str
     recorded form, so that what the trace held is compared and nothing else."""
     event = expected.event
     if (
-        event.fidelity not in SEMANTIC_FIDELITIES
+        event.fidelity not in k.SEMANTIC_FIDELITIES
         or event.input is None
         or call.input.unserialisable
         or call.kind != expected.kind
@@ -198,9 +199,9 @@ def redacted_input(call: BoundaryCall, expected: RecordedCall, ctx: MatchContext
         )
     if ctx.drift_allowed or _same_input(call, expected):
         return None
-    if event.fidelity in SEMANTIC_FIDELITIES and isinstance(event, ToolCall):
+    if event.fidelity in k.SEMANTIC_FIDELITIES and isinstance(event, ToolCall):
         hint = " (an imported tool call: the arguments the model sent are compared)"
-    elif event.fidelity in SEMANTIC_FIDELITIES:
+    elif event.fidelity in k.SEMANTIC_FIDELITIES:
         hint = (
             f" (an imported call, fidelity {event.fidelity}: the request is compared on what "
             "the trace held -- model, messages"
@@ -215,7 +216,7 @@ def redacted_input(call: BoundaryCall, expected: RecordedCall, ctx: MatchContext
         hint = " (the prompt payload passed to llm_request is part of the input)"
     compared = compared_input(call, expected)[0]
     details = () if event.input is None else tuple(first_difference(event.input, compared))
-    if event.input is not None and event.fidelity in SEMANTIC_FIDELITIES:
+    if event.input is not None and event.fidelity in k.SEMANTIC_FIDELITIES:
         # the actual input shown is the request as sent; say where it differs in the form's terms
         path = first_differing_path(event.input, compared)
         details = (f"in the recording's terms: first differing path: {path}", *details)

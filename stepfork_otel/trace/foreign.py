@@ -31,8 +31,8 @@ from dataclasses import replace
 from stepfork_otel import constants as k
 from stepfork_otel._version import __version__
 from stepfork_otel.trace import foreign_genai, foreign_openinference, grouping
-from stepfork_otel.trace.conversion import SpanRecord
-from stepfork_otel.trace.foreign_calls import Adopted, run_record, start_order, where
+from stepfork_otel.trace.conversion import SpanRecord, call_order
+from stepfork_otel.trace.foreign_calls import Adopted, run_record, where
 from stepfork_otel.trace.redaction import Redactor
 
 __all__ = ["Adopted", "adopt", "convention_of", "created_by"]
@@ -117,14 +117,14 @@ def adopt(spans: Sequence[SpanRecord], redactor: Redactor) -> Adopted | None:
     by_id = {s.span_id: s for s in spans}
     genai_calls = sorted(
         (by_id[i] for i, a in adapters.items() if a[1] is foreign_genai.llm_call),
-        key=start_order,
+        key=call_order,
     )
     outputs = foreign_genai.stream_outputs(genai_calls)
     for follower in outputs.values():  # logfire's stream span: the output of its request span
         adapters.pop(follower.span_id, None)
     notes: list[str] = []
     made: dict[str, SpanRecord] = {}
-    calls = sorted((s for s in spans if s.span_id in adapters), key=start_order)
+    calls = sorted((s for s in spans if s.span_id in adapters), key=call_order)
     for n, span in enumerate(calls, start=1):
         make = adapters[span.span_id][1]
         try:

@@ -18,6 +18,7 @@ from typing import Any
 from stepfork_otel import constants as k
 from stepfork_otel.trace.canonical import loads, model_fingerprint
 from stepfork_otel.trace.conversion import SpanRecord
+from stepfork_otel.trace.errors import quote
 from stepfork_otel.trace.foreign_request import TOOL_UNCHECKED
 from stepfork_otel.trace.limits import text_depth_exceeds
 from stepfork_otel.trace.payload import Payload, capture
@@ -64,7 +65,7 @@ def token_count(value: Any) -> int | None:
 def where(span: SpanRecord, n: int, redactor: Redactor) -> str:
     """How a note names a call: its span, its name (redacted, as the bundle holds span names:
     they may embed credentials) and its place."""
-    return f"span {span.span_id} ({redactor.redact_text(span.name)[:60]}, call {n} of the trace)"
+    return f"span {span.span_id} ({quote(redactor.redact_text(span.name))}, call {n} of the trace)"
 
 
 @dataclass
@@ -175,10 +176,6 @@ def run_record(span: SpanRecord, redactor: Redactor, created_by: str) -> SpanRec
             raw if value is None else value, redactor, keep_order=key == k.OUTPUT
         )
     return replace(span, attributes=new, payloads=payloads)
-
-
-def start_order(span: SpanRecord) -> tuple[int, str]:
-    return (span.start_time_unix_nano, span.span_id)
 
 
 def string_list(value: Any) -> list[str]:

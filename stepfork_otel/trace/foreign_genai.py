@@ -280,7 +280,9 @@ def tool_call(span: SpanRecord, n: int, redactor: Redactor, notes: list[str]) ->
     arguments = json_object(raw)
     if arguments is None:
         why = (
-            _TOOL_CONTENT_OFF if raw is None else "gen_ai.tool.call.arguments is not a JSON object"
+            _TOOL_CONTENT_OFF
+            if raw is None
+            else f"{k.GEN_AI_TOOL_CALL_ARGUMENTS} is not a JSON object"
         )
         notes.append(f"{where(span, n, redactor)}: tool {name!r}: arguments missing -- {why}")
     output = attrs.get(k.GEN_AI_TOOL_CALL_RESULT)

@@ -98,7 +98,7 @@ def llm_call(
     if body is not None and _BODY_FIELD[url] not in body:
         body = None
     call = ImportedLlm(k.PROVIDER_OPENAI, _model(attrs, body))
-    flat = _flattened(attrs, "input") if raw_input is None else Flattened([], 0)
+    flat = _flattened(attrs, k.OI_INPUT_MESSAGES) if raw_input is None else Flattened([], 0)
     if body is None and flat.messages and url == "chat/completions":
         _tail(call, attrs, url, flat.messages, flat.first)
         gap = "" if flat.gap is None else f"; {flat.not_kept(_INPUT_NAME)}"
@@ -125,7 +125,7 @@ def llm_call(
             call.usage[name] = count
     response = json_object(attrs.get(k.OUTPUT_VALUE))
     evicted = response is None and k.OUTPUT_VALUE not in attrs
-    out = _flattened(attrs, "output") if evicted else Flattened([], 0)
+    out = _flattened(attrs, k.OI_OUTPUT_MESSAGES) if evicted else Flattened([], 0)
     outputs = out.messages if not out.first else []  # (a response of some choices: made up)
     if span.status == "error":
         notes.append(
@@ -165,11 +165,13 @@ def llm_call(
     return llm_record(span, call, redactor)
 
 
-_FLAT = re.compile(r"^llm\.(input|output)_messages\.(\d+)\.message\.(.+)$")
+_FLAT = re.compile(
+    rf"^({re.escape(k.OI_INPUT_MESSAGES)}|{re.escape(k.OI_OUTPUT_MESSAGES)})\.(\d+)\.message\.(.+)$"
+)
 _FLAT_CALL = re.compile(r"^tool_calls\.(\d+)\.tool_call\.(id|function\.name|function\.arguments)$")
 _FLAT_TEXT = re.compile(r"^contents\.(\d+)\.message_content\.text$")
 #: How the notes name message N.
-_INPUT_NAME, _OUTPUT_NAME = "llm.input_messages.{}", "llm.output_messages.{}"
+_INPUT_NAME, _OUTPUT_NAME = f"{k.OI_INPUT_MESSAGES}.{{}}", f"{k.OI_OUTPUT_MESSAGES}.{{}}"
 
 
 def _flattened(attrs: Mapping[str, Any], family: str) -> Flattened:

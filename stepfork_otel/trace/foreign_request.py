@@ -35,7 +35,6 @@ from typing import Any
 
 import orjson
 
-from stepfork_otel import constants as k
 from stepfork_otel.trace.genai_messages import (
     as_dict,
     as_list,
@@ -43,9 +42,6 @@ from stepfork_otel.trace.genai_messages import (
     request_messages,
     tool_definitions,
 )
-
-#: The fidelities whose recorded input is a request form (matched by :func:`live_form`).
-SEMANTIC_FIDELITIES = k.SEMANTIC_FIDELITIES
 
 _SYSTEM_ROLES = frozenset({"system", "developer"})
 

@@ -357,7 +357,7 @@ def normalise_id(raw: Any, size: int) -> tuple[str, bool]:
     hex (OTLP JSON) or base64 (protobuf's JSON mapping). The lengths cannot be confused: hex needs
     ``2*size`` characters, base64 ``4*ceil(size/3)``."""
     if not isinstance(raw, str):
-        raise _BadSpan(f"id {raw!r} is not a string")
+        raise _BadSpan(f"id {_short(raw)} is not a string")
     if len(raw) == 2 * size:
         try:
             if len(bytes.fromhex(raw)) == size:
@@ -371,7 +371,7 @@ def normalise_id(raw: Any, size: int) -> tuple[str, bool]:
             data = b""
         if len(data) == size:
             return data.hex(), True
-    raise _BadSpan(f"{raw!r} is not a {size}-byte id in hex or base64")
+    raise _BadSpan(f"id {_short(raw)} is not a {size}-byte id in hex or base64")
 
 
 def _get(obj: Mapping[str, Any], camel: str, snake: str) -> Any:
