@@ -414,11 +414,10 @@ class Bundles:
             return
         parents = {i: v[0] for i, v in state.spans.items()}
         kinds = {i: v[1] for i, v in state.spans.items()}
-        members = {
-            i
-            for i in grouping.subtree(parents, root)
-            if kinds.get(i) != k.KIND_RUN and grouping.enclosing_run(parents, kinds, i) is None
-        }
+        in_runs = grouping.local_roots(
+            parents, {i for i, kind in kinds.items() if kind == k.KIND_RUN}
+        )
+        members = {i for i in grouping.subtree(parents, root) if i not in in_runs}
         members.discard(span_id)
         builder = BundleBuilder(
             state.trace_id,

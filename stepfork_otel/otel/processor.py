@@ -282,7 +282,7 @@ class SftraceSpanProcessor(SpanProcessor):
         is logged, and the program goes on."""
         if not self.bundles.wait(_WRITER_WAIT):
             logger.warning(
-                "stepfork_otel: the bundle writer did not %s within %.0f s (a slow disk?); "
+                "stepfork_otel: the bundle writer did not %s within %g s (a slow disk?); "
                 "it does when it can",
                 what,
                 _WRITER_WAIT,

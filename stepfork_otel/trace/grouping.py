@@ -8,7 +8,7 @@ span: its parent and its ``stepfork.kind``. Span ids are whatever the caller use
 
 * a **run** (a span of kind ``run``, opened by ``record(...)``) not nested in another run makes
   a bundle of its subtree (:func:`top_level_runs`; a nested run's spans also belong to the outer
-  run's bundle, :func:`enclosing_run` tells the two apart);
+  run's bundle);
 * the **boundary calls outside every run** make bundles with the spans around them as context,
   one per local root holding such calls (:func:`calls_outside_runs` finds them all).
 """
@@ -75,24 +75,9 @@ def local_roots(parent_of: Mapping[T, T | None], roots: AbstractSet[T] | None = 
     return root_of
 
 
-def enclosing_run(
-    parent_of: Mapping[T, T | None], kind_of: Mapping[T, object], span_id: T
-) -> T | None:
-    """The nearest run span above ``span_id`` (None: not inside a run, as far as the spans go).
-    Bounded by the number of spans, so hostile parent links that form a cycle end the walk."""
-    parent, seen = parent_of.get(span_id), 0
-    while parent is not None and seen <= len(parent_of):
-        if parent not in kind_of:
-            return None
-        if kind_of[parent] == k.KIND_RUN:
-            return parent
-        parent, seen = parent_of.get(parent), seen + 1
-    return None
-
-
 def top_level_runs(parent_of: Mapping[T, T | None], kind_of: Mapping[T, object]) -> list[T]:
-    """The run spans not nested in another run span (:func:`enclosing_run` of each, in one pass:
-    each span's nearest run above is found once, so many runs under one deep chain of spans
+    """The run spans not nested in another run span (no run above them, as far as the spans go),
+    in one pass: each span's nearest run above is found once, so many runs under one deep chain of spans
     cost the spans, not runs x depth)."""
     above: dict[T, T | None] = {}
     """span -> the nearest run strictly above it (None: none, as far as the spans go)."""
